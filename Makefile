@@ -1,0 +1,38 @@
+# twinserve — the two commands of the README, plus helpers.
+#   make demo   sets up .venv (core + simulator + reports) and runs the embedded default simulation
+#   make test   sets up .venv (everything, incl. torch CPU + triton) and runs the test suite
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP_SIM  := $(VENV)/.stamp-sim
+STAMP_ALL  := $(VENV)/.stamp-all
+
+.PHONY: demo test test-all lint bench clean
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+$(STAMP_SIM): pyproject.toml | $(VENV)/bin/python
+	$(PY) -m pip install -q -e '.[sim]'
+	touch $@
+
+$(STAMP_ALL): pyproject.toml | $(VENV)/bin/python
+	$(PY) -m pip install -q -e '.[sim,real,test,dev]'
+	touch $@ $(STAMP_SIM)
+
+demo: $(STAMP_SIM)
+	$(VENV)/bin/twinserve simulate
+
+test: $(STAMP_ALL)
+	$(PY) -m pytest
+
+test-all: $(STAMP_ALL)
+	$(PY) -m pytest -m "slow or not slow"
+
+lint: $(STAMP_ALL)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

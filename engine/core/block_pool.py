@@ -1,0 +1,263 @@
+"""KV blocks: reference counts, the free queue (vLLM's LRU order) and the prefix-hash map.
+
+Blocks are plain integer ids ``0..num_gpu_blocks-1``; block 0 is the reserved *null block*,
+taken out at start-up and never handed to a request, so allocation starts at id 1.
+
+Invariants (checked by the property tests):
+
+* a block is in the free queue exactly when its ``ref_cnt`` is 0 (the null block excepted);
+* ``num_free_blocks + blocks held (ref_cnt > 0) == num_gpu_blocks - 1``;
+* a block carries at most one hash; the hash map lists every (hash, block) pair exactly once and
+  may hold several blocks per hash (identical content is not de-duplicated; lookups return the
+  earliest-inserted block still cached);
+* eviction is lazy: a freed cached block keeps its hash while it sits in the free queue and
+  loses it only when ``get_new_blocks`` pops it for reuse, or on ``reset_prefix_cache``.
+
+Free-queue order (SCHEDULER_SPEC §2.7): freed blocks without a hash are *prepended* (reused
+first, LIFO), freed hashed blocks are *appended* (reused last, LRU); a prefix hit on a free
+cached block removes it from the middle of the queue in O(1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from engine.core.hashing import BlockHash
+
+NULL_BLOCK_ID = 0
+
+
+class FreeBlockQueue:
+    """Doubly linked list of free block ids; the head is reused first.
+
+    Implemented over two integer arrays (``prev``/``next``) with head and tail sentinels, so
+    ``remove`` of an arbitrary block, and pushes and pops at both ends, are O(1).
+    """
+
+    __slots__ = ("_head", "_next", "_prev", "_tail", "num_free_blocks")
+
+    def __init__(self, block_ids: Sequence[int], capacity: int) -> None:
+        self._head = capacity  # sentinel ids live past the block ids
+        self._tail = capacity + 1
+        self._next = [-1] * (capacity + 2)
+        self._prev = [-1] * (capacity + 2)
+        self._next[self._head] = self._tail
+        self._prev[self._tail] = self._head
+        self.num_free_blocks = 0
+        self.append_n(block_ids)
+
+    def popleft(self) -> int:
+        first = self._next[self._head]
+        if first == self._tail:
+            raise ValueError("No free blocks available")
+        self._unlink(first)
+        return first
+
+    def popleft_n(self, n: int) -> list[int]:
+        if n > self.num_free_blocks:
+            raise ValueError(f"cannot pop {n} blocks: only {self.num_free_blocks} free")
+        nxt = self._next
+        out = []
+        cur = nxt[self._head]
+        for _ in range(n):
+            out.append(cur)
+            cur = nxt[cur]
+        nxt[self._head] = cur
+        self._prev[cur] = self._head
+        self.num_free_blocks -= n
+        return out
+
+    def remove(self, block_id: int) -> None:
+        self._unlink(block_id)
+
+    def append(self, block_id: int) -> None:
+        self.append_n((block_id,))
+
+    def append_n(self, block_ids: Iterable[int]) -> None:
+        nxt, prv, tail = self._next, self._prev, self._tail
+        last = prv[tail]
+        count = 0
+        for b in block_ids:
+            nxt[last] = b
+            prv[b] = last
+            last = b
+            count += 1
+        nxt[last] = tail
+        prv[tail] = last
+        self.num_free_blocks += count
+
+    def prepend_n(self, block_ids: Sequence[int]) -> None:
+        """Put ``block_ids`` at the head, keeping their order (the first is reused first)."""
+        if not block_ids:
+            return
+        nxt, prv, head = self._next, self._prev, self._head
+        first = nxt[head]
+        prev = head
+        for b in block_ids:
+            nxt[prev] = b
+            prv[b] = prev
+            prev = b
+        nxt[prev] = first
+        prv[first] = prev
+        self.num_free_blocks += len(block_ids)
+
+    def get_all_free_blocks(self) -> list[int]:
+        out = []
+        nxt, cur = self._next, self._next[self._head]
+        while cur != self._tail:
+            out.append(cur)
+            cur = nxt[cur]
+        return out
+
+    def _unlink(self, block_id: int) -> None:
+        nxt, prv = self._next, self._prev
+        p, n = prv[block_id], nxt[block_id]
+        if p < 0 or n < 0:
+            raise ValueError(f"block {block_id} is not in the free queue")
+        nxt[p] = n
+        prv[n] = p
+        nxt[block_id] = prv[block_id] = -1
+        self.num_free_blocks -= 1
+
+
+class BlockPool:
+    """Owns every KV block: who references it, whether it is free, which prefix it caches."""
+
+    __slots__ = (
+        "block_hash",
+        "enable_caching",
+        "free_queue",
+        "hash_to_block",
+        "num_gpu_blocks",
+        "ref_cnt",
+    )
+
+    def __init__(self, num_gpu_blocks: int, enable_caching: bool) -> None:
+        if num_gpu_blocks < 2:
+            raise ValueError(f"num_gpu_blocks must be >= 2 (null block + one), got {num_gpu_blocks}")
+        self.num_gpu_blocks = num_gpu_blocks
+        self.enable_caching = enable_caching
+        self.ref_cnt = [0] * num_gpu_blocks
+        self.block_hash: list[BlockHash | None] = [None] * num_gpu_blocks
+        # hash -> block id, or a list of block ids (insertion order) when several share it.
+        self.hash_to_block: dict[BlockHash, int | list[int]] = {}
+        self.free_queue = FreeBlockQueue(range(num_gpu_blocks), num_gpu_blocks)
+        null = self.free_queue.popleft()
+        assert null == NULL_BLOCK_ID
+
+    # -- queries --------------------------------------------------------------------------------
+    def get_num_free_blocks(self) -> int:
+        return self.free_queue.num_free_blocks
+
+    def get_usage(self) -> float:
+        """Fraction of usable blocks referenced by requests (1 - free / usable)."""
+        return 1.0 - self.free_queue.num_free_blocks / (self.num_gpu_blocks - 1)
+
+    def get_cached_block(self, block_hash: BlockHash) -> int | None:
+        entry = self.hash_to_block.get(block_hash)
+        if entry is None or isinstance(entry, int):
+            return entry
+        return entry[0]
+
+    # -- allocation -----------------------------------------------------------------------------
+    def get_new_blocks(self, num_blocks: int) -> list[int]:
+        """Pop ``num_blocks`` from the head of the free queue, evicting their stale hashes."""
+        if num_blocks > self.free_queue.num_free_blocks:
+            raise ValueError(
+                f"cannot get {num_blocks} blocks: {self.free_queue.num_free_blocks} free"
+            )
+        blocks = self.free_queue.popleft_n(num_blocks)
+        ref_cnt, block_hash = self.ref_cnt, self.block_hash
+        for b in blocks:
+            if block_hash[b] is not None:
+                self._evict(b)
+            ref_cnt[b] = 1
+        return blocks
+
+    def touch(self, blocks: Iterable[int]) -> None:
+        """Add a reference to prefix-hit blocks, taking free ones out of the free queue."""
+        ref_cnt = self.ref_cnt
+        for b in blocks:
+            if ref_cnt[b] == 0:
+                self.free_queue.remove(b)
+            ref_cnt[b] += 1
+
+    def free_blocks(self, ordered_blocks: Iterable[int]) -> None:
+        """Drop one reference from each block; ``ordered_blocks`` lists eviction priority.
+
+        Blocks reaching zero references go to the head of the free queue if they carry no hash
+        (or caching is off) and to the tail otherwise, each group in the given order.
+        """
+        ref_cnt, block_hash, caching = self.ref_cnt, self.block_hash, self.enable_caching
+        evict_first: list[int] = []
+        evict_last: list[int] = []
+        for b in ordered_blocks:
+            if b == NULL_BLOCK_ID:
+                continue
+            cnt = ref_cnt[b] - 1
+            if cnt < 0:
+                raise AssertionError(f"double free of block {b}")
+            ref_cnt[b] = cnt
+            if cnt == 0:
+                if block_hash[b] is None or not caching:
+                    evict_first.append(b)
+                else:
+                    evict_last.append(b)
+        if evict_first:
+            self.free_queue.prepend_n(evict_first)
+        if evict_last:
+            self.free_queue.append_n(evict_last)
+
+    # -- prefix cache ---------------------------------------------------------------------------
+    def cache_full_blocks(
+        self,
+        blocks: Sequence[int],
+        block_hashes: Sequence[BlockHash],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+    ) -> None:
+        """Register ``blocks[num_cached_blocks:num_full_blocks]`` under their hashes."""
+        block_hash, table = self.block_hash, self.hash_to_block
+        for i in range(num_cached_blocks, num_full_blocks):
+            b = blocks[i]
+            h = block_hashes[i]
+            current = block_hash[b]
+            if current is not None:
+                if current == h:
+                    continue
+                raise AssertionError(f"block {b} already caches another prefix")
+            entry = table.get(h)
+            if entry is None:
+                table[h] = b
+            elif isinstance(entry, int):
+                if entry == b:
+                    continue
+                table[h] = [entry, b]
+            else:
+                if b in entry:
+                    continue
+                entry.append(b)
+            block_hash[b] = h
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix; refused (False) while any block is referenced."""
+        if self.free_queue.num_free_blocks != self.num_gpu_blocks - 1:
+            return False
+        self.hash_to_block = {}
+        self.block_hash = [None] * self.num_gpu_blocks
+        return True
+
+    def _evict(self, block_id: int) -> None:
+        h = self.block_hash[block_id]
+        self.block_hash[block_id] = None
+        entry = self.hash_to_block.get(h)
+        if entry is None:
+            return
+        if isinstance(entry, int):
+            if entry == block_id:
+                del self.hash_to_block[h]
+            return
+        if block_id in entry:
+            entry.remove(block_id)
+        if len(entry) == 1:
+            self.hash_to_block[h] = entry[0]

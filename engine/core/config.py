@@ -1,0 +1,167 @@
+"""Frozen, validated configuration of the engine core.
+
+Each component gets one frozen dataclass whose fields carry vLLM 0.33.0's names and defaults
+(SCHEDULER_SPEC.md §1). Every config validates itself in ``__post_init__`` and raises a
+``ConfigError`` (a ``ValueError``) that names the offending knob; nothing is mutated after
+construction. The CLI and experiment files are built from these same fields, and
+``from_dict`` rejects unknown keys with the list of valid ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal, Self, TypeVar
+
+SchedulingPolicy = Literal["fcfs", "priority"]
+
+#: vLLM's default KV block size (``CacheConfig.DEFAULT_BLOCK_SIZE``).
+DEFAULT_BLOCK_SIZE = 16
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the knob and what is valid."""
+
+
+def _require(cond: bool, message: str) -> None:
+    if not cond:
+        raise ConfigError(message)
+
+
+_C = TypeVar("_C")
+
+
+def config_from_dict(cls: type[_C], values: dict[str, Any], *, where: str = "") -> _C:
+    """Build a config dataclass from a plain dict, rejecting unknown keys by name."""
+    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    unknown = sorted(set(values) - set(names))
+    if unknown:
+        label = f" in {where}" if where else ""
+        raise ConfigError(
+            f"unknown key(s) {', '.join(unknown)}{label} for {cls.__name__}; "
+            f"valid keys: {', '.join(names)}"
+        )
+    return cls(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """What the scheduler may put into one engine step (vLLM's ``SchedulerConfig``).
+
+    Invariants: ``max_num_batched_tokens >= max_num_seqs``; with chunked prefill off the token
+    budget must hold a whole ``max_model_len`` sequence; the long-prefill threshold never
+    exceeds ``max_model_len``.
+    """
+
+    max_num_batched_tokens: int = 2048  # token budget of one step (class default; see §1)
+    max_num_seqs: int = 128  # most requests in RUNNING at once
+    max_model_len: int = 8192  # longest sequence (prompt + outputs) the model accepts
+    enable_chunked_prefill: bool = True  # split long prompts across steps
+    long_prefill_token_threshold: int = 0  # cap per-step tokens of one prefill; 0 = off
+    policy: SchedulingPolicy = "fcfs"  # "fcfs" or "priority" (smaller value first)
+    scheduler_reserve_full_isl: bool = True  # admit only if the whole sequence's KV fits
+    async_scheduling: bool = False  # two batches in flight (the engine's batch queue)
+    max_num_scheduled_tokens: int | None = None  # None = max_num_batched_tokens
+
+    def __post_init__(self) -> None:
+        _require(
+            isinstance(self.max_num_batched_tokens, int) and self.max_num_batched_tokens > 0,
+            f"max_num_batched_tokens must be a positive integer, got "
+            f"{self.max_num_batched_tokens!r}",
+        )
+        _require(
+            isinstance(self.max_num_seqs, int) and self.max_num_seqs > 0,
+            f"max_num_seqs must be a positive integer, got {self.max_num_seqs!r}",
+        )
+        _require(
+            isinstance(self.max_model_len, int) and self.max_model_len > 1,
+            f"max_model_len must be an integer > 1, got {self.max_model_len!r}",
+        )
+        _require(
+            self.max_num_batched_tokens >= self.max_num_seqs,
+            f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be greater than or "
+            f"equal to max_num_seqs ({self.max_num_seqs})",
+        )
+        _require(
+            self.enable_chunked_prefill or self.max_num_batched_tokens >= self.max_model_len,
+            f"max_num_batched_tokens ({self.max_num_batched_tokens}) is smaller than "
+            f"max_model_len ({self.max_model_len}) with enable_chunked_prefill off: no prompt "
+            "longer than the budget could ever run; raise max_num_batched_tokens or enable "
+            "chunked prefill",
+        )
+        _require(
+            isinstance(self.long_prefill_token_threshold, int)
+            and 0 <= self.long_prefill_token_threshold <= self.max_model_len,
+            f"long_prefill_token_threshold must be in [0, max_model_len={self.max_model_len}], "
+            f"got {self.long_prefill_token_threshold!r}",
+        )
+        _require(
+            self.policy in ("fcfs", "priority"),
+            f"policy must be 'fcfs' or 'priority', got {self.policy!r}",
+        )
+        if self.max_num_scheduled_tokens is not None:
+            _require(
+                0 < self.max_num_scheduled_tokens <= self.max_num_batched_tokens,
+                f"max_num_scheduled_tokens must be in [1, max_num_batched_tokens="
+                f"{self.max_num_batched_tokens}], got {self.max_num_scheduled_tokens!r}",
+            )
+
+    @property
+    def token_budget(self) -> int:
+        """The per-step token budget the scheduler actually uses."""
+        return self.max_num_scheduled_tokens or self.max_num_batched_tokens
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> Self:
+        return config_from_dict(cls, values)
+
+
+@dataclass(frozen=True, slots=True)
+class CacheConfig:
+    """The paged KV cache seen by the scheduler (vLLM's ``CacheConfig`` + block count).
+
+    ``num_gpu_blocks`` includes the reserved null block 0, so ``num_gpu_blocks - 1`` blocks are
+    usable. ``watermark`` is a fraction of ``num_gpu_blocks`` kept free when admitting.
+    """
+
+    num_gpu_blocks: int = 1000  # total blocks incl. the null block 0
+    block_size: int = DEFAULT_BLOCK_SIZE  # tokens per block
+    enable_prefix_caching: bool = True  # automatic prefix caching (hash-chained full blocks)
+    watermark: float = 0.0  # fraction of blocks kept free for waiting admissions
+
+    def __post_init__(self) -> None:
+        _require(
+            isinstance(self.block_size, int) and self.block_size > 0,
+            f"block_size must be a positive integer, got {self.block_size!r}",
+        )
+        _require(
+            isinstance(self.num_gpu_blocks, int) and self.num_gpu_blocks >= 2,
+            f"num_gpu_blocks must be an integer >= 2 (block 0 is the reserved null block), "
+            f"got {self.num_gpu_blocks!r}",
+        )
+        _require(
+            0.0 <= self.watermark < 1.0,
+            f"watermark must be in [0, 1), got {self.watermark!r}",
+        )
+
+    @property
+    def num_usable_blocks(self) -> int:
+        """Blocks requests can hold: everything but the null block."""
+        return self.num_gpu_blocks - 1
+
+    @property
+    def watermark_blocks(self) -> int:
+        return int(self.watermark * self.num_gpu_blocks)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> Self:
+        return config_from_dict(cls, values)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Everything an ``EngineCore`` needs: scheduling knobs and the KV cache it manages."""
+
+    scheduler: SchedulerConfig = dataclasses.field(default_factory=SchedulerConfig)
+    cache: CacheConfig = dataclasses.field(default_factory=CacheConfig)
+

@@ -1,0 +1,181 @@
+"""One engine step, shared by every driver: the golden replay, the simulator and the real loop.
+
+``begin_step(now)`` schedules a batch (if the scheduler has requests) and puts it in flight;
+the driver hands it to its executor; ``must_finish_step()`` says whether the driver must now
+wait for the *oldest* in-flight batch — that is vLLM's ``step_with_batch_queue`` rule, with a
+queue depth of 1 (synchronous ``step()``) or 2 (async scheduling: step N+1 is scheduled before
+step N's output is applied); ``finish_step(out, runner_out, now)`` applies it.
+
+The core never reads a clock: every method takes ``now``. It writes the request events of
+ARCHITECTURE.md §4 that happen inside the engine (enqueued, scheduled, preempted, tokens,
+finished) and one ``StepRecord`` per applied step.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from engine.core.config import EngineConfig
+from engine.core.events import EventKind, EventLog, StepRecord
+from engine.core.outputs import EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
+from engine.core.request import Request, RequestStatus
+from engine.core.scheduler import Scheduler
+
+
+@dataclass(slots=True)
+class _InFlight:
+    """A scheduled batch whose output has not been applied yet."""
+
+    sched_out: SchedulerOutput
+    schedule_time_s: float
+
+
+class EngineCore:
+    """The scheduler plus the batch queue and the engine-side event records."""
+
+    def __init__(self, config: EngineConfig, event_log: EventLog | None = None) -> None:
+        self.config = config
+        self.scheduler = Scheduler(config)
+        self.event_log = event_log if event_log is not None else EventLog()
+        self.batch_queue_size = 2 if config.scheduler.async_scheduling else 1
+        self._in_flight: deque[_InFlight] = deque()
+        self._must_finish = False
+        self._first_token_seen: set[str] = set()
+
+    # -- inputs ---------------------------------------------------------------------------------
+    def add_request(self, request: Request, now: float) -> None:
+        self.scheduler.add_request(request)
+        self.event_log.record(request.req_id, EventKind.ENGINE_ENQUEUED, now)
+
+    def abort_requests(self, req_ids: Iterable[str], now: float) -> list[EngineCoreOutput]:
+        """Abort requests (client gone); returns their final outputs."""
+        aborted = self.scheduler.finish_requests(req_ids, RequestStatus.FINISHED_ABORTED)
+        outs = []
+        for request in aborted:
+            self._record_finish(request.req_id, "abort", now)
+            outs.append(EngineCoreOutput(request.req_id, [], request.get_finished_reason()))
+        return outs
+
+    # -- the step -------------------------------------------------------------------------------
+    def has_work(self) -> bool:
+        """Requests to schedule, finished ids to report, or batches in flight."""
+        return self.scheduler.has_requests() or bool(self._in_flight)
+
+    def begin_step(self, now: float) -> SchedulerOutput | None:
+        """Schedule and queue one batch, if the scheduler has requests; None otherwise."""
+        scheduler = self.scheduler
+        if not scheduler.has_requests():
+            self._must_finish = bool(self._in_flight)
+            return None
+        out = scheduler.schedule()
+        self._in_flight.append(_InFlight(out, now))
+        executed = out.total_num_scheduled_tokens > 0
+        self._must_finish = not (
+            len(self._in_flight) < self.batch_queue_size
+            and (executed or scheduler.has_requests())
+        )
+        self._record_schedule(out, now)
+        return out
+
+    def must_finish_step(self) -> bool:
+        """After ``begin_step``: must the driver now wait for and apply the oldest batch?"""
+        return self._must_finish
+
+    def oldest_in_flight(self) -> SchedulerOutput:
+        return self._in_flight[0].sched_out
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._in_flight)
+
+    def finish_step(
+        self,
+        sched_out: SchedulerOutput,
+        runner_out: ModelRunnerOutput,
+        now: float,
+        *,
+        execute_start_s: float | None = None,
+        execute_end_s: float | None = None,
+    ) -> list[EngineCoreOutput]:
+        """Apply the oldest in-flight batch's output; returns per-request outputs."""
+        if not self._in_flight or self._in_flight[0].sched_out is not sched_out:
+            raise ValueError("finish_step must apply the oldest in-flight batch first")
+        flight = self._in_flight.popleft()
+        outputs = self.scheduler.update_from_output(sched_out, runner_out)
+        self._record_outputs(sched_out.step_id, outputs, now)
+        self._record_step(
+            flight, outputs, now, execute_start_s, execute_end_s, runner_out.execute_time_s
+        )
+        return outputs
+
+    # -- events ---------------------------------------------------------------------------------
+    def _record_schedule(self, out: SchedulerOutput, now: float) -> None:
+        log = self.event_log
+        for new in out.scheduled_new_reqs:
+            log.record(new.req_id, EventKind.SCHEDULED, now, new.num_computed_tokens)
+        cached = out.scheduled_cached_reqs
+        if cached.resumed_req_ids:
+            for req_id, computed in zip(cached.req_ids, cached.num_computed_tokens, strict=True):
+                if req_id in cached.resumed_req_ids:
+                    log.record(req_id, EventKind.SCHEDULED, now, computed)
+        for req_id in sorted(out.preempted_req_ids):
+            log.record(req_id, EventKind.PREEMPTED, now)
+
+    def _record_outputs(self, step_id: int, outputs: list[EngineCoreOutput], now: float) -> None:
+        log = self.event_log
+        first_seen = self._first_token_seen
+        for out in outputs:
+            req_id = out.req_id
+            if out.new_token_ids:
+                if req_id not in first_seen:
+                    first_seen.add(req_id)
+                    log.record(req_id, EventKind.FIRST_TOKEN, now)
+                log.record_token(req_id, step_id)
+            if out.finish_reason is not None:
+                self._record_finish(req_id, str(out.finish_reason), now)
+
+    def _record_finish(self, req_id: str, reason: str, now: float) -> None:
+        self.event_log.record(req_id, EventKind.FINISHED, now, reason)
+        self.event_log.close_request(req_id)
+        self._first_token_seen.discard(req_id)
+
+    def _record_step(
+        self,
+        flight: _InFlight,
+        outputs: list[EngineCoreOutput],
+        now: float,
+        execute_start_s: float | None,
+        execute_end_s: float | None,
+        cost_s: float | None,
+    ) -> None:
+        out = flight.sched_out
+        shape = out.batch_shape
+        scheduler = self.scheduler
+        num_finished = sum(1 for o in outputs if o.finish_reason is not None)
+        self.event_log.record_step(
+            StepRecord(
+                step_id=out.step_id,
+                schedule_time_s=flight.schedule_time_s,
+                execute_start_s=flight.schedule_time_s if execute_start_s is None else execute_start_s,
+                execute_end_s=now if execute_end_s is None else execute_end_s,
+                update_time_s=now,
+                num_reqs=shape.num_reqs,
+                num_tokens=shape.num_tokens,
+                num_prefill_reqs=shape.num_prefill_reqs,
+                num_prefill_tokens=shape.num_prefill_tokens,
+                num_decode_reqs=shape.num_decode_reqs,
+                decode_context_sum=shape.decode_context_sum,
+                num_sampled_tokens=sum(len(o.new_token_ids) for o in outputs),
+                num_new_reqs=len(out.scheduled_new_reqs),
+                num_resumed_reqs=len(out.scheduled_cached_reqs.resumed_req_ids),
+                num_preempted_reqs=len(out.preempted_req_ids),
+                num_finished_reqs=num_finished,
+                num_running=len(scheduler.running),
+                num_waiting=len(scheduler.waiting),
+                kv_usage=scheduler.kv_cache_manager.usage,
+                admission_blocker=str(out.admission_blocker),
+                cost_s=0.0 if cost_s is None else cost_s,
+            )
+        )

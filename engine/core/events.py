@@ -1,0 +1,227 @@
+"""The per-request event record both worlds write, and the log that holds it compactly.
+
+Every metric of a report is derived from this log, identically for simulated and real runs
+(ARCHITECTURE.md §4, METRICS.md). A ``RequestEvent`` is ``(req_id, kind, time_s, payload)``.
+Stage events (arrival, front end, engine queue, scheduling, preemption, finish) are stored as
+rows. Token events are stored compactly, because a run produces one per generated token:
+
+* every engine step ``s`` has one ``StepRecord`` (when it was scheduled, ran, was applied), and
+  the output path later records when that step's outputs reached the client
+  (``record_delivery``);
+* each request's tokens are kept as *runs* ``(req, first_step, num_tokens)``: a request that
+  gets one token in each of steps ``s, s+1, …, s+n-1`` is one run. Token ``i`` of a run was
+  produced at ``steps[first_step + i].update_time_s`` and delivered at the step's delivery time.
+
+``iter_events()`` expands this back into one ``RequestEvent`` per token (for tests and small
+logs); reports use the columnar ``to_columns()`` views, which stay vectorisable at millions of
+requests.
+"""
+
+from __future__ import annotations
+
+import enum
+from array import array
+from collections.abc import Iterator
+from dataclasses import dataclass, fields
+
+
+class EventKind(enum.IntEnum):
+    """Stage boundaries on the request path (METRICS.md §3), in path order."""
+
+    ARRIVAL = 0  # the client sends the request
+    FRONTEND_START = 1  # an API-server process picks it up
+    TOKENIZED = 2  # template + tokenization done; sent to the engine
+    ENGINE_ENQUEUED = 3  # the engine core added it to the waiting queue
+    SCHEDULED = 4  # admitted to RUNNING (first time and each resume); payload: prefix-hit tokens
+    PREEMPTED = 5  # evicted back to WAITING
+    FIRST_TOKEN = 6  # first output token applied in the engine
+    TOKEN = 7  # an output token applied in the engine (expanded from runs)
+    FINISHED = 8  # the engine finished it; payload: finish reason
+    DELIVERED = 9  # the client received the final chunk
+    REJECTED = 10  # refused before running; payload: reason
+
+
+@dataclass(frozen=True, slots=True)
+class RequestEvent:
+    """One timestamped stage boundary of one request."""
+
+    req_id: str
+    kind: EventKind
+    time_s: float
+    payload: int | str | None = None  # kind-specific (see EventKind)
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One engine step (one ``schedule()`` and its applied output)."""
+
+    step_id: int  # index of the schedule() call
+    schedule_time_s: float  # when schedule() ran
+    execute_start_s: float  # when the executor started the batch
+    execute_end_s: float  # when the executor finished it
+    update_time_s: float  # when update_from_output applied it (token time in the engine)
+    num_reqs: int  # scheduled requests
+    num_tokens: int  # scheduled tokens
+    num_prefill_reqs: int  # requests computing > 1 token
+    num_prefill_tokens: int
+    num_decode_reqs: int  # requests computing exactly 1 token
+    decode_context_sum: int  # Σ cached context of the decodes
+    num_sampled_tokens: int  # output tokens this step produced
+    num_new_reqs: int  # first admissions
+    num_resumed_reqs: int  # resumptions after preemption
+    num_preempted_reqs: int  # preemptions during schedule()
+    num_finished_reqs: int  # requests finished by this update
+    num_running: int  # after the update
+    num_waiting: int  # after the update
+    kv_usage: float  # 1 - free / usable blocks, after the update
+    admission_blocker: str  # why admissions stopped this step ("" if the queue drained)
+    cost_s: float  # the step time the executor reported (simulated or measured)
+
+
+STEP_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(StepRecord))
+_INT_STEP_COLUMNS = frozenset(
+    f.name for f in fields(StepRecord) if f.type in ("int", int)
+)
+
+
+class EventLog:
+    """Append-only store of request events, token runs and step records (typed arrays)."""
+
+    def __init__(self) -> None:
+        self._req_index: dict[str, int] = {}
+        self.req_ids: list[str] = []
+        # stage events
+        self._ev_req = array("i")
+        self._ev_kind = array("b")
+        self._ev_time = array("d")
+        self._ev_payload: list[int | str | None] = []
+        # token runs: finished runs, plus the open run of each live request
+        self._run_req = array("i")
+        self._run_first = array("q")
+        self._run_count = array("q")
+        self._open_runs: dict[int, list[int]] = {}  # req index -> [first_step, count]
+        # steps
+        self._steps: dict[str, array[int] | array[float] | list[str]] = {
+            name: (
+                [] if name == "admission_blocker"
+                else array("q") if name in _INT_STEP_COLUMNS
+                else array("d")
+            )
+            for name in STEP_COLUMNS
+        }
+        self._delivered: dict[int, float] = {}
+
+    # -- writing --------------------------------------------------------------------------------
+    def index_of(self, req_id: str) -> int:
+        idx = self._req_index.get(req_id)
+        if idx is None:
+            idx = self._req_index[req_id] = len(self.req_ids)
+            self.req_ids.append(req_id)
+        return idx
+
+    def record(
+        self, req_id: str, kind: EventKind, time_s: float, payload: int | str | None = None
+    ) -> None:
+        self._ev_req.append(self.index_of(req_id))
+        self._ev_kind.append(int(kind))
+        self._ev_time.append(time_s)
+        self._ev_payload.append(payload)
+
+    def record_token(self, req_id: str, step_id: int) -> None:
+        """One output token of ``req_id`` applied in step ``step_id`` (steps in increasing order)."""
+        idx = self._req_index[req_id]
+        run = self._open_runs.get(idx)
+        if run is not None and run[0] + run[1] == step_id:
+            run[1] += 1
+            return
+        if run is not None:
+            self._close_run(idx, run)
+        self._open_runs[idx] = [step_id, 1]
+
+    def extend_runs(self, req_ids: list[str], first_step: int, num_steps: int) -> None:
+        """``num_steps`` consecutive tokens for each request, starting at ``first_step``."""
+        for req_id in req_ids:
+            idx = self._req_index[req_id]
+            run = self._open_runs.get(idx)
+            if run is not None and run[0] + run[1] == first_step:
+                run[1] += num_steps
+                continue
+            if run is not None:
+                self._close_run(idx, run)
+            self._open_runs[idx] = [first_step, num_steps]
+
+    def close_request(self, req_id: str) -> None:
+        """The request will produce no more tokens: move its open run to the finished ones."""
+        idx = self._req_index.get(req_id)
+        if idx is not None:
+            run = self._open_runs.pop(idx, None)
+            if run is not None:
+                self._close_run(idx, run, pop=False)
+
+    def record_step(self, step: StepRecord) -> None:
+        cols = self._steps
+        for name in STEP_COLUMNS:
+            cols[name].append(getattr(step, name))  # type: ignore[arg-type]
+
+    def record_delivery(self, step_id: int, time_s: float) -> None:
+        """The outputs of ``step_id`` reached the client at ``time_s``."""
+        self._delivered[step_id] = time_s
+
+    def _close_run(self, idx: int, run: list[int], pop: bool = True) -> None:
+        self._run_req.append(idx)
+        self._run_first.append(run[0])
+        self._run_count.append(run[1])
+
+    # -- reading --------------------------------------------------------------------------------
+    @property
+    def num_steps(self) -> int:
+        return len(self._steps["step_id"])
+
+    def events_columns(self) -> dict[str, object]:
+        """Stage events as columns: req_index, kind, time_s, payload."""
+        return {
+            "req_index": self._ev_req,
+            "kind": self._ev_kind,
+            "time_s": self._ev_time,
+            "payload": self._ev_payload,
+        }
+
+    def token_runs(self) -> dict[str, array[int]]:
+        """All token runs (finished and open) as columns: req_index, first_step, num_tokens."""
+        req, first, count = array("i", self._run_req), array("q", self._run_first), array(
+            "q", self._run_count
+        )
+        for idx, (f, c) in self._open_runs.items():
+            req.append(idx)
+            first.append(f)
+            count.append(c)
+        return {"req_index": req, "first_step": first, "num_tokens": count}
+
+    def steps_columns(self) -> dict[str, object]:
+        return dict(self._steps)
+
+    def delivered_times(self) -> dict[int, float]:
+        return dict(self._delivered)
+
+    def iter_events(self, expand_tokens: bool = True) -> Iterator[RequestEvent]:
+        """All events in time order (stable), token runs expanded into TOKEN events."""
+        events = [
+            RequestEvent(self.req_ids[r], EventKind(k), t, p)
+            for r, k, t, p in zip(
+                self._ev_req, self._ev_kind, self._ev_time, self._ev_payload, strict=True
+            )
+        ]
+        if expand_tokens:
+            step_ids = self._steps["step_id"]
+            update_times = self._steps["update_time_s"]
+            time_of = dict(zip(step_ids, update_times, strict=True))
+            runs = self.token_runs()
+            for r, f, c in zip(
+                runs["req_index"], runs["first_step"], runs["num_tokens"], strict=True
+            ):
+                for s in range(f, f + c):
+                    events.append(
+                        RequestEvent(self.req_ids[r], EventKind.TOKEN, float(time_of[s]), s)
+                    )
+        events.sort(key=lambda e: (e.time_s, e.kind))
+        return iter(events)

@@ -1,0 +1,226 @@
+"""Requests as the scheduler sees them: tokens, sampling limits, status, and progress counters.
+
+A ``Request`` is the core's mutable record of one generation. Its invariants (vLLM V1's):
+``num_tokens == num_prompt_tokens + len(output_token_ids)``; ``num_computed_tokens`` counts the
+tokens whose KV is (or is being) written, including in-flight ones under async scheduling;
+``block_hashes`` hold one hash per *full* block of known tokens and grow as tokens arrive.
+
+A request may carry real token ids (real runs, golden replays) or only a prompt length plus
+precomputed block hashes (simulated workloads, traces such as Mooncake's ``hash_ids``): both feed
+the same KV cache manager through the ``BlockHasher`` it was built with.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.core.hashing import BlockHash, BlockHasher
+
+
+class RequestStatus(enum.IntEnum):
+    """Life-cycle states in vLLM's order; every status after PREEMPTED is a finished one."""
+
+    WAITING = 1
+    WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR = 2
+    WAITING_FOR_REMOTE_KVS = 3
+    WAITING_FOR_STREAMING_REQ = 4
+    RUNNING = 5
+    PREEMPTED = 6
+    FINISHED_STOPPED = 7
+    FINISHED_LENGTH_CAPPED = 8
+    FINISHED_ABORTED = 9
+    FINISHED_IGNORED = 10
+    FINISHED_ERROR = 11
+    FINISHED_REPETITION = 12
+
+    @staticmethod
+    def is_finished(status: RequestStatus) -> bool:
+        return status > RequestStatus.PREEMPTED
+
+
+class FinishReason(enum.StrEnum):
+    """Why a request ended, as the OpenAI API and vLLM report it."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+    ERROR = "error"
+    REPETITION = "repetition"
+
+
+FINISH_REASON_OF_STATUS: dict[RequestStatus, FinishReason] = {
+    RequestStatus.FINISHED_STOPPED: FinishReason.STOP,
+    RequestStatus.FINISHED_LENGTH_CAPPED: FinishReason.LENGTH,
+    RequestStatus.FINISHED_ABORTED: FinishReason.ABORT,
+    RequestStatus.FINISHED_IGNORED: FinishReason.LENGTH,
+    RequestStatus.FINISHED_ERROR: FinishReason.ERROR,
+    RequestStatus.FINISHED_REPETITION: FinishReason.REPETITION,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How to sample and when to stop (the subset of vLLM's ``SamplingParams`` we implement).
+
+    The scheduler reads only the stop fields; the worker's sampler reads the rest. ``stop`` holds
+    stop *strings*, matched on the output path after detokenization.
+    """
+
+    max_tokens: int = 16  # most output tokens to generate
+    min_tokens: int = 0  # EOS/stop tokens cannot end the request before this many outputs
+    temperature: float = 1.0  # 0 = greedy
+    top_k: int = 0  # 0 or -1 = disabled
+    top_p: float = 1.0  # nucleus mass; 1.0 = disabled
+    seed: int | None = None  # per-request generator seed (reproducible sampling)
+    stop_token_ids: tuple[int, ...] = ()  # token ids that end the request
+    stop: tuple[str, ...] = ()  # strings that end the request (output path)
+    ignore_eos: bool = False  # keep generating past EOS (benchmarks)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(
+                f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}"
+            )
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.top_k < -1:
+            raise ValueError(f"top_k must be -1, 0 (disabled) or positive, got {self.top_k!r}")
+
+
+class Request:
+    """One generation request inside the engine core (mutable; owned by the scheduler)."""
+
+    __slots__ = (
+        "_all_token_ids",
+        "arrival_time",
+        "block_hasher",
+        "block_hashes",
+        "drop_stale_output",
+        "eos_token_id",
+        "is_prefill_chunk",
+        "max_tokens",
+        "min_tokens",
+        "num_computed_tokens",
+        "num_in_flight_tokens",
+        "num_output_placeholders",
+        "num_preemptions",
+        "num_prompt_tokens",
+        "num_stale_output_tokens",
+        "num_tokens",
+        "output_token_ids",
+        "priority",
+        "prompt_token_ids",
+        "req_id",
+        "sampling_params",
+        "status",
+        "stop_reason",
+        "stop_token_ids",
+    )
+
+    def __init__(
+        self,
+        req_id: str,
+        *,
+        sampling_params: SamplingParams,
+        prompt_token_ids: Sequence[int] | None = None,
+        num_prompt_tokens: int | None = None,
+        arrival_time: float = 0.0,
+        priority: int = 0,
+        eos_token_id: int | None = None,
+        block_hasher: BlockHasher | None = None,
+    ) -> None:
+        if prompt_token_ids is None and num_prompt_tokens is None:
+            raise ValueError(f"request {req_id!r}: give prompt_token_ids or num_prompt_tokens")
+        if prompt_token_ids is not None:
+            self.prompt_token_ids: list[int] | None = list(prompt_token_ids)
+            n = len(self.prompt_token_ids)
+            if num_prompt_tokens is not None and num_prompt_tokens != n:
+                raise ValueError(
+                    f"request {req_id!r}: num_prompt_tokens={num_prompt_tokens} but "
+                    f"{n} prompt_token_ids"
+                )
+            self._all_token_ids: list[int] | None = list(self.prompt_token_ids)
+        else:
+            assert num_prompt_tokens is not None
+            self.prompt_token_ids = None
+            self._all_token_ids = None
+            n = num_prompt_tokens
+        if n < 1:
+            raise ValueError(f"request {req_id!r}: the prompt must hold at least one token")
+        self.req_id = req_id
+        self.sampling_params = sampling_params
+        self.arrival_time = arrival_time
+        self.priority = priority
+        self.eos_token_id = None if sampling_params.ignore_eos else eos_token_id
+        self.stop_token_ids = frozenset(sampling_params.stop_token_ids)
+        self.max_tokens = sampling_params.max_tokens
+        self.min_tokens = sampling_params.min_tokens
+        self.num_prompt_tokens = n
+        self.num_tokens = n
+        self.output_token_ids: list[int] = []
+        self.status = RequestStatus.WAITING
+        self.stop_reason: int | str | None = None
+        self.num_computed_tokens = 0
+        self.num_output_placeholders = 0  # async: outputs scheduled but not yet returned
+        self.num_in_flight_tokens = 0  # tokens of steps whose output is not processed yet
+        self.num_stale_output_tokens = 0  # in-flight tokens that predate a preemption
+        self.drop_stale_output = False
+        self.is_prefill_chunk = False
+        self.num_preemptions = 0
+        self.block_hasher = block_hasher
+        self.block_hashes: list[BlockHash] = []
+        if block_hasher is not None:
+            block_hasher.extend(self)
+
+    # -- tokens ---------------------------------------------------------------------------------
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        """Prompt + outputs; only for requests that carry real prompt tokens."""
+        if self._all_token_ids is None:
+            raise ValueError(f"request {self.req_id!r} carries no prompt token ids")
+        return self._all_token_ids
+
+    @property
+    def has_token_ids(self) -> bool:
+        return self._all_token_ids is not None
+
+    def append_output_token_id(self, token_id: int) -> None:
+        """Append one sampled token and hash any block it completes."""
+        self.output_token_ids.append(token_id)
+        if self._all_token_ids is not None:
+            self._all_token_ids.append(token_id)
+        self.num_tokens += 1
+        hasher = self.block_hasher
+        if hasher is not None and self.num_tokens >= (len(self.block_hashes) + 1) * (
+            hasher.block_size
+        ):
+            hasher.extend(self)
+
+    # -- status ---------------------------------------------------------------------------------
+    def is_finished(self) -> bool:
+        return self.status > RequestStatus.PREEMPTED
+
+    def get_finished_reason(self) -> FinishReason | None:
+        return FINISH_REASON_OF_STATUS.get(self.status)
+
+    def sort_key(self) -> tuple[int, float, str]:
+        """Priority-queue order: smaller priority, then earlier arrival, then request id."""
+        return (self.priority, self.arrival_time, self.req_id)
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.req_id!r}, status={self.status.name}, prompt={self.num_prompt_tokens},"
+            f" out={len(self.output_token_ids)}, computed={self.num_computed_tokens})"
+        )

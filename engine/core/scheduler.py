@@ -1,0 +1,488 @@
+"""vLLM V1's scheduler: ``schedule()`` and ``update_from_output()`` with its exact decisions.
+
+There is no prefill phase and no decode phase: each step every request tries to bring
+``num_computed_tokens`` up to ``num_tokens`` (+ in-flight placeholders under async scheduling)
+within one token budget. ``schedule()`` visits RUNNING requests first, in admission order —
+preempting from the back (FCFS) or the lowest priority (PRIORITY) when KV blocks run out — and
+then, only if nothing was preempted, admits WAITING requests while the budget, ``max_num_seqs``
+and the KV cache allow. See SCHEDULER_SPEC.md §2 for every rule implemented here; golden
+replays of vLLM's own decisions check them step for step.
+
+Out of scope (SCHEDULER_SPEC §2.12): speculative decoding, encoder/multimodal budgets,
+structured output, KV connectors, hybrid models, LoRA, streaming sessions, DP prefill cadence.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+from engine.core.config import EngineConfig
+from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.outputs import (
+    AdmissionBlocker,
+    BatchShape,
+    CachedRequestData,
+    EngineCoreOutput,
+    ModelRunnerOutput,
+    NewRequestData,
+    SchedulerOutput,
+)
+from engine.core.queues import create_request_queue
+from engine.core.request import Request, RequestStatus
+from engine.core.stop import check_stop
+
+RUNNING = RequestStatus.RUNNING
+WAITING = RequestStatus.WAITING
+PREEMPTED = RequestStatus.PREEMPTED
+
+
+class _StepPlan:
+    """Mutable scratch state of one ``schedule()`` call."""
+
+    __slots__ = (
+        "blocker",
+        "new_block_ids",
+        "num_scheduled_tokens",
+        "preempted",
+        "scheduled_new",
+        "scheduled_resumed",
+        "scheduled_running",
+        "token_budget",
+    )
+
+    def __init__(self, token_budget: int) -> None:
+        self.token_budget = token_budget
+        self.num_scheduled_tokens: dict[str, int] = {}
+        self.new_block_ids: dict[str, list[int]] = {}
+        self.scheduled_running: list[Request] = []
+        self.scheduled_new: list[Request] = []
+        self.scheduled_resumed: list[Request] = []
+        self.preempted: list[Request] = []
+        self.blocker = AdmissionBlocker.NONE
+
+
+class Scheduler:
+    """Decides, step by step, which requests compute how many tokens (clock-free)."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        sc, cc = config.scheduler, config.cache
+        self.config = config
+        self.max_model_len = sc.max_model_len
+        self.max_num_seqs = sc.max_num_seqs
+        self.token_budget = sc.token_budget
+        self.enable_chunked_prefill = sc.enable_chunked_prefill
+        self.long_prefill_token_threshold = sc.long_prefill_token_threshold
+        self.priority_policy = sc.policy == "priority"
+        self.reserve_full_isl = sc.scheduler_reserve_full_isl
+        self.async_scheduling = sc.async_scheduling
+        self.block_size = cc.block_size
+        self.kv_cache_manager = KVCacheManager(
+            num_gpu_blocks=cc.num_gpu_blocks,
+            block_size=cc.block_size,
+            max_model_len=sc.max_model_len,
+            enable_caching=cc.enable_prefix_caching,
+            watermark_blocks=cc.watermark_blocks,
+        )
+        self.requests: dict[str, Request] = {}
+        self.waiting = create_request_queue(sc.policy)
+        self.running: list[Request] = []
+        self.finished_req_ids: set[str] = set()  # since the previous schedule()
+        self.preempted_req_ids: set[str] = set()  # during the current schedule()
+        self.prev_step_scheduled_req_ids: set[str] = set()
+        self.num_steps = 0  # schedule() calls so far
+        self.num_preemptions = 0
+
+    # -- requests in and out --------------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        """Queue a new request (status WAITING) at the tail of the waiting queue."""
+        if request.req_id in self.requests:
+            raise ValueError(f"duplicate request id {request.req_id!r}")
+        self.waiting.add_request(request)
+        self.requests[request.req_id] = request
+
+    def finish_requests(self, req_ids: Iterable[str], status: RequestStatus) -> list[Request]:
+        """Finish requests from outside (abort): dequeue, free their blocks, forget them.
+
+        Unknown or already finished ids are ignored; returns the requests actually finished.
+        """
+        if not RequestStatus.is_finished(status):
+            raise ValueError(f"{status.name} is not a finished status")
+        found: list[Request] = []
+        for req_id in dict.fromkeys(req_ids):
+            request = self.requests.get(req_id)
+            if request is not None and not request.is_finished():
+                found.append(request)
+        running_ids = {id(r) for r in found if r.status == RUNNING}
+        if running_ids:
+            self.running = [r for r in self.running if id(r) not in running_ids]
+        waiting = [r for r in found if r.status != RUNNING]
+        if waiting:
+            self.waiting.remove_requests(waiting)
+        for request in found:
+            request.status = status
+            self._free_request(request)
+        return found
+
+    def get_request_counts(self) -> tuple[int, int]:
+        """(running, waiting) request counts."""
+        return len(self.running), len(self.waiting)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.running) + len(self.waiting)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.running) or bool(self.waiting)
+
+    def has_requests(self) -> bool:
+        """Unfinished requests, or finished ids the workers have not been told about yet."""
+        return bool(self.running) or bool(self.waiting) or bool(self.finished_req_ids)
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """Forget all cached prefixes; with ``reset_running_requests`` preempt everything first."""
+        if reset_running_requests:
+            while self.running:
+                self._preempt_request(self.running.pop(), drop_stale_output=True)
+            self.prev_step_scheduled_req_ids.clear()
+        ok = self.kv_cache_manager.reset_prefix_cache()
+        if reset_running_requests and not ok:
+            raise RuntimeError("prefix cache reset failed with every request preempted")
+        return ok
+
+    # -- schedule -------------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        """Plan one step: running requests first, then admissions; see the module docstring."""
+        self.num_steps += 1
+        plan = _StepPlan(self.token_budget)
+        threshold = self._effective_long_prefill_threshold()
+        self._schedule_running(plan, threshold)
+        if not plan.preempted:
+            self._schedule_waiting(plan, threshold)
+        elif self.waiting:
+            plan.blocker = AdmissionBlocker.PREEMPTION
+        assert len(self.running) <= self.max_num_seqs
+        return self._finalize(plan)
+
+    def _effective_long_prefill_threshold(self) -> int:
+        """The long-prefill cap applies only when more than one request is running or waiting."""
+        if len(self.running) + len(self.waiting) > 1:
+            return self.long_prefill_token_threshold
+        return 0
+
+    def _schedule_running(self, plan: _StepPlan, threshold: int) -> None:
+        """Phase A: give each RUNNING request its next tokens, preempting on KV shortage."""
+        running = self.running
+        allocate = self.kv_cache_manager.allocate_slots
+        max_model_len_1 = self.max_model_len - 1
+        num_scheduled = plan.num_scheduled_tokens
+        new_block_ids = plan.new_block_ids
+        scheduled_running = plan.scheduled_running
+        budget = plan.token_budget
+        req_index = 0
+        while req_index < len(running) and budget > 0:
+            request = running[req_index]
+            placeholders = request.num_output_placeholders
+            computed = request.num_computed_tokens
+            if (
+                placeholders > 0
+                and computed + 2 - placeholders >= request.num_prompt_tokens + request.max_tokens
+            ):
+                # Async: in-flight outputs already reach max_tokens; do not over-schedule.
+                req_index += 1
+                continue
+            num_new = request.num_tokens + placeholders - computed
+            if 0 < threshold < num_new:
+                num_new = threshold
+            if num_new > budget:
+                num_new = budget
+            if num_new > max_model_len_1 - computed:
+                num_new = max_model_len_1 - computed
+            if num_new <= 0:
+                req_index += 1
+                continue
+            new_blocks = allocate(request, num_new)
+            while new_blocks is None:
+                victim = self._pick_victim()
+                if self.priority_policy:
+                    victim_index = running.index(victim)
+                    del running[victim_index]
+                    if victim_index < req_index:
+                        req_index -= 1
+                    refund = num_scheduled.pop(victim.req_id, None)
+                    if refund is not None:
+                        scheduled_running.remove(victim)
+                        del new_block_ids[victim.req_id]
+                        budget += refund
+                else:
+                    running.pop()
+                self._preempt_request(victim)
+                plan.preempted.append(victim)
+                if victim is request:
+                    break
+                new_blocks = allocate(request, num_new)
+            if new_blocks is None:
+                if self.priority_policy and request.status == PREEMPTED:
+                    continue  # it preempted itself; req_index already points at the next one
+                break
+            scheduled_running.append(request)
+            num_scheduled[request.req_id] = num_new
+            new_block_ids[request.req_id] = new_blocks
+            budget -= num_new
+            req_index += 1
+        plan.token_budget = budget
+
+    def _pick_victim(self) -> Request:
+        """FCFS: the most recently admitted; PRIORITY: largest (priority, arrival_time)."""
+        if self.priority_policy:
+            return max(self.running, key=lambda r: (r.priority, r.arrival_time))
+        return self.running[-1]
+
+    def _schedule_waiting(self, plan: _StepPlan, threshold: int) -> None:
+        """Phase B: admit WAITING requests in queue order until something does not fit."""
+        waiting, running = self.waiting, self.running
+        kv = self.kv_cache_manager
+        skipped: deque[Request] = deque()
+        budget = plan.token_budget
+        blocker = AdmissionBlocker.NONE
+        while waiting:
+            if budget <= 0:
+                blocker = AdmissionBlocker.TOKEN_BUDGET
+                break
+            if len(running) >= self.max_num_seqs:
+                blocker = AdmissionBlocker.MAX_NUM_SEQS
+                break
+            request = waiting.peek_request()
+            if request.num_stale_output_tokens and not request.drop_stale_output:
+                # Async: outputs from before its preemption are still in flight.
+                skipped.appendleft(waiting.pop_request())
+                continue
+            hit_blocks, num_hit_tokens = kv.get_computed_blocks(request)
+            num_new = request.num_tokens - num_hit_tokens
+            if 0 < threshold < num_new:
+                num_new = threshold
+            if num_new > budget:
+                if not self.enable_chunked_prefill:
+                    blocker = AdmissionBlocker.TOKEN_BUDGET
+                    break  # no smaller request behind it is tried
+                num_new = budget
+            new_blocks = kv.allocate_slots(
+                request,
+                num_new,
+                num_hit_tokens,
+                hit_blocks,
+                full_sequence_must_fit=self.reserve_full_isl,
+                has_scheduled_reqs=bool(running),
+            )
+            if new_blocks is None:
+                blocker = AdmissionBlocker.KV_CACHE
+                break  # a waiting request never preempts
+            kv.record_prefix_cache_stats(request, num_hit_tokens)
+            waiting.pop_request()
+            running.append(request)
+            if request.status == WAITING:
+                plan.scheduled_new.append(request)
+            else:
+                plan.scheduled_resumed.append(request)
+            plan.new_block_ids[request.req_id] = list(kv.get_block_ids(request.req_id))
+            plan.num_scheduled_tokens[request.req_id] = num_new
+            budget -= num_new
+            request.status = RUNNING
+            request.num_computed_tokens = num_hit_tokens
+        if skipped:
+            waiting.prepend_requests(skipped)
+        plan.token_budget = budget
+        plan.blocker = blocker
+
+    def _preempt_request(self, request: Request, drop_stale_output: bool = False) -> None:
+        """Free the request's KV and put it back at the front of the waiting queue."""
+        self.kv_cache_manager.free(request)
+        request.status = PREEMPTED
+        request.num_computed_tokens = 0
+        request.drop_stale_output = drop_stale_output or (
+            request.drop_stale_output and request.num_stale_output_tokens > 0
+        )
+        request.num_stale_output_tokens = request.num_in_flight_tokens
+        request.num_output_placeholders = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.prepend_request(request)
+        self.preempted_req_ids.add(request.req_id)
+
+    # -- the output of schedule() ---------------------------------------------------------------
+    def _finalize(self, plan: _StepPlan) -> SchedulerOutput:
+        """Build the SchedulerOutput, then advance ``num_computed_tokens`` (before execution)."""
+        num_scheduled = plan.num_scheduled_tokens
+        new_reqs = [self._new_request_data(r, plan.new_block_ids[r.req_id]) for r in plan.scheduled_new]
+        cached = self._cached_request_data(plan)
+        self.prev_step_scheduled_req_ids = set(num_scheduled)
+        shape, partial = self._update_after_schedule(num_scheduled)
+        out = SchedulerOutput(
+            step_id=self.num_steps - 1,
+            scheduled_new_reqs=new_reqs,
+            scheduled_cached_reqs=cached,
+            num_scheduled_tokens=num_scheduled,
+            total_num_scheduled_tokens=shape.num_tokens,
+            partial_prefill_req_ids=partial,
+            preempted_req_ids=self.preempted_req_ids,
+            finished_req_ids=self.finished_req_ids,
+            batch_shape=shape,
+            admission_blocker=plan.blocker,
+        )
+        self.finished_req_ids = set()
+        self.preempted_req_ids = set()
+        return out
+
+    @staticmethod
+    def _new_request_data(request: Request, block_ids: list[int]) -> NewRequestData:
+        return NewRequestData(
+            req_id=request.req_id,
+            prompt_token_ids=request.prompt_token_ids,
+            num_prompt_tokens=request.num_prompt_tokens,
+            sampling_params=request.sampling_params,
+            eos_token_id=request.eos_token_id,
+            block_ids=block_ids,
+            num_computed_tokens=request.num_computed_tokens,
+        )
+
+    def _cached_request_data(self, plan: _StepPlan) -> CachedRequestData:
+        data = CachedRequestData()
+        req_ids, new_block_ids = data.req_ids, data.new_block_ids
+        computed, outputs = data.num_computed_tokens, data.num_output_tokens
+        prev = self.prev_step_scheduled_req_ids
+        blocks = plan.new_block_ids
+        for request in plan.scheduled_running:
+            req_id = request.req_id
+            req_ids.append(req_id)
+            new_block_ids.append(blocks[req_id] or None)
+            computed.append(request.num_computed_tokens)
+            outputs.append(len(request.output_token_ids) + request.num_output_placeholders)
+            if req_id not in prev and request.has_token_ids:
+                data.all_token_ids[req_id] = list(request.all_token_ids)
+        for request in plan.scheduled_resumed:
+            req_id = request.req_id
+            req_ids.append(req_id)
+            data.resumed_req_ids.add(req_id)
+            new_block_ids.append(blocks[req_id] or None)
+            computed.append(request.num_computed_tokens)
+            outputs.append(len(request.output_token_ids) + request.num_output_placeholders)
+            if request.has_token_ids:
+                data.all_token_ids[req_id] = list(request.all_token_ids)
+        return data
+
+    def _update_after_schedule(self, num_scheduled: dict[str, int]) -> tuple[BatchShape, set[str]]:
+        """Advance counters of scheduled requests and measure the step's batch shape."""
+        requests = self.requests
+        async_sched = self.async_scheduling
+        partial: set[str] = set()
+        prefill_q: list[int] = []
+        prefill_ctx: list[int] = []
+        num_tokens = dec_n = dec_sum = dec_max = 0
+        for req_id, n in num_scheduled.items():
+            request = requests[req_id]
+            ctx = request.num_computed_tokens
+            num_tokens += n
+            if n == 1:
+                dec_n += 1
+                dec_sum += ctx
+                if ctx > dec_max:
+                    dec_max = ctx
+            else:
+                prefill_q.append(n)
+                prefill_ctx.append(ctx)
+            ctx += n
+            request.num_computed_tokens = ctx
+            request.num_in_flight_tokens += n
+            if ctx < request.num_tokens + request.num_output_placeholders:
+                request.is_prefill_chunk = True
+                partial.add(req_id)
+            else:
+                request.is_prefill_chunk = False
+                if async_sched:
+                    request.num_output_placeholders += 1
+        shape = BatchShape(
+            num_reqs=len(num_scheduled),
+            num_tokens=num_tokens,
+            prefill_query_lens=tuple(prefill_q),
+            prefill_context_lens=tuple(prefill_ctx),
+            num_decode_reqs=dec_n,
+            decode_context_sum=dec_sum,
+            decode_context_max=dec_max,
+            num_sampling_reqs=len(num_scheduled) - len(partial),
+        )
+        return shape, partial
+
+    # -- update_from_output ---------------------------------------------------------------------
+    def update_from_output(
+        self, sched_out: SchedulerOutput, runner_out: ModelRunnerOutput
+    ) -> list[EngineCoreOutput]:
+        """Apply a step's sampled tokens: append, check stops, free finished requests."""
+        outputs: list[EngineCoreOutput] = []
+        requests = self.requests
+        sampled = runner_out.sampled_token_ids
+        kv = self.kv_cache_manager
+        stopped_running: list[Request] = []
+        stopped_waiting: list[Request] = []
+        for req_id, n in sched_out.num_scheduled_tokens.items():
+            request = requests.get(req_id)
+            if request is None:
+                continue  # finished (aborted) while in flight
+            request.num_in_flight_tokens -= n
+            stale = False
+            if request.num_stale_output_tokens > 0:
+                stale = True
+                request.num_stale_output_tokens -= n
+            if request.status > PREEMPTED or (stale and request.drop_stale_output):
+                continue
+            new_token_ids = sampled.get(req_id)
+            if not new_token_ids:
+                continue  # a partial prefill chunk: nothing to emit
+            status_before = request.status
+            had_placeholders = request.num_output_placeholders > 0
+            new_token_ids, stopped = self._append_output(request, new_token_ids, stale)
+            if not stale and status_before == RUNNING and had_placeholders:
+                kv.cache_blocks(request, request.num_computed_tokens - request.num_in_flight_tokens)
+            if stopped:
+                self._free_request(request)
+                (stopped_running if status_before == RUNNING else stopped_waiting).append(request)
+                outputs.append(
+                    EngineCoreOutput(
+                        req_id, new_token_ids, request.get_finished_reason(), request.stop_reason
+                    )
+                )
+            else:
+                outputs.append(EngineCoreOutput(req_id, new_token_ids))
+        if stopped_running:
+            if len(stopped_running) == 1:
+                self.running.remove(stopped_running[0])
+            else:
+                gone = {id(r) for r in stopped_running}
+                self.running = [r for r in self.running if id(r) not in gone]
+        if stopped_waiting:
+            self.waiting.remove_requests(stopped_waiting)
+        return outputs
+
+    def _append_output(
+        self, request: Request, new_token_ids: list[int], stale: bool
+    ) -> tuple[list[int], bool]:
+        """Append sampled tokens one at a time, stopping (and trimming) at the first stop."""
+        num_sampled = len(new_token_ids)
+        stopped = False
+        max_model_len = self.max_model_len
+        for i, token_id in enumerate(new_token_ids, 1):
+            request.append_output_token_id(token_id)
+            if check_stop(request, max_model_len):
+                stopped = True
+                if i < num_sampled:
+                    if not stale:
+                        request.num_computed_tokens -= num_sampled - i
+                    new_token_ids = new_token_ids[:i]
+                break
+        if not stale and request.num_output_placeholders > 0:
+            request.num_output_placeholders -= num_sampled
+        return new_token_ids, stopped
+
+    def _free_request(self, request: Request) -> None:
+        """Release a finished request's blocks now; tell workers at the next schedule()."""
+        self.finished_req_ids.add(request.req_id)
+        self.kv_cache_manager.free(request)
+        del self.requests[request.req_id]
