@@ -42,16 +42,19 @@ class PrefixCacheStats:
 
 
 class KVCacheManager:
-    """Block tables of live requests; the only writer of the block pool."""
+    """Block tables of live requests; the only writer of the block pool.
+
+    Each request's block table lives on the request (``request.block_ids``, with
+    ``request.num_cached_blocks`` counting its leading blocks already in the hash map) so the
+    per-step decode path needs no dictionary lookups; this manager is their only writer.
+    """
 
     __slots__ = (
         "block_pool",
         "block_size",
         "enable_caching",
         "max_model_len",
-        "num_cached_blocks",
         "prefix_cache_stats",
-        "req_to_blocks",
         "watermark_blocks",
     )
 
@@ -69,8 +72,6 @@ class KVCacheManager:
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
         self.watermark_blocks = watermark_blocks
-        self.req_to_blocks: dict[str, list[int]] = {}
-        self.num_cached_blocks: dict[str, int] = {}  # full blocks already in the hash map
         self.prefix_cache_stats = PrefixCacheStats()
 
     # -- queries --------------------------------------------------------------------------------
@@ -80,9 +81,6 @@ class KVCacheManager:
 
     def get_num_free_blocks(self) -> int:
         return self.block_pool.free_queue.num_free_blocks
-
-    def get_block_ids(self, req_id: str) -> list[int]:
-        return self.req_to_blocks.get(req_id, [])
 
     def get_computed_blocks(self, request: Request) -> tuple[Sequence[int], int]:
         """Longest cached prefix of whole blocks, leaving at least the last token to compute."""
@@ -108,13 +106,11 @@ class KVCacheManager:
 
     # -- allocation -----------------------------------------------------------------------------
     def _num_blocks_to_allocate(
-        self, req_id: str, num_tokens: int, hit_blocks: Sequence[int]
+        self, request: Request, num_tokens: int, hit_blocks: Sequence[int]
     ) -> int:
         """New blocks needed to hold ``num_tokens``, plus hit blocks that sit in the free queue
         (touching them takes them out of it, so they count against the free capacity)."""
-        held = self.req_to_blocks.get(req_id)
-        num_held = len(held) if held is not None else 0
-        need = -(-num_tokens // self.block_size) - num_held - len(hit_blocks)
+        need = -(-num_tokens // self.block_size) - len(request.block_ids) - len(hit_blocks)
         if need < 0:
             need = 0
         if hit_blocks:
@@ -135,14 +131,13 @@ class KVCacheManager:
         """Reserve KV slots for ``num_new_tokens`` more tokens of ``request``.
 
         ``new_computed_blocks`` (a prefix hit of ``num_new_computed_tokens`` tokens) are touched
-        and prepended to the block table of a request that holds none yet. Returns the newly
-        allocated block ids, or None (with no state changed) when they do not fit.
+        and put at the start of the block table of a request that holds none yet. With
+        ``full_sequence_must_fit`` the request's whole current sequence must fit first. A
+        watermark of free blocks is kept for WAITING/PREEMPTED requests when others are
+        scheduled. Returns the newly allocated block ids, or None with nothing changed.
         """
-        req_id = request.req_id
         max_model_len = self.max_model_len
-        total_computed = request.num_computed_tokens + num_new_computed_tokens
-        if total_computed > max_model_len:
-            total_computed = max_model_len
+        total_computed = min(request.num_computed_tokens + num_new_computed_tokens, max_model_len)
         watermark = 0
         if has_scheduled_reqs and (
             request.status == RequestStatus.WAITING or request.status == RequestStatus.PREEMPTED
@@ -151,61 +146,73 @@ class KVCacheManager:
         num_free = self.block_pool.free_queue.num_free_blocks
         if full_sequence_must_fit:
             full = min(request.num_tokens, max_model_len)
-            needed = self._num_blocks_to_allocate(req_id, full, new_computed_blocks)
-            if needed + watermark > num_free:
+            if self._num_blocks_to_allocate(request, full, new_computed_blocks) + watermark > (
+                num_free
+            ):
                 return None
-        num_tokens_need_slot = total_computed + num_new_tokens
-        if num_tokens_need_slot > max_model_len:
-            num_tokens_need_slot = max_model_len
-        held = self.req_to_blocks.get(req_id)
-        if held is not None and not new_computed_blocks:
-            # Running request: the common decode fast path.
-            num_new_blocks = -(-num_tokens_need_slot // self.block_size) - len(held)
-            if num_new_blocks < 0:
-                num_new_blocks = 0
-            if num_new_blocks + watermark > num_free:
-                return None
-        else:
-            needed = self._num_blocks_to_allocate(req_id, num_tokens_need_slot, new_computed_blocks)
-            if needed + watermark > num_free:
-                return None
-            if held is None:
-                held = self.req_to_blocks[req_id] = []
-            if new_computed_blocks:
-                self.block_pool.touch(new_computed_blocks)
-                held.extend(new_computed_blocks)
-                self.num_cached_blocks[req_id] = len(held)
-            num_new_blocks = -(-num_tokens_need_slot // self.block_size) - len(held)
+        num_tokens_need_slot = min(total_computed + num_new_tokens, max_model_len)
+        needed = self._num_blocks_to_allocate(request, num_tokens_need_slot, new_computed_blocks)
+        if needed + watermark > num_free:
+            return None
+        held = request.block_ids
+        if new_computed_blocks:
+            self.block_pool.touch(new_computed_blocks)
+            held.extend(new_computed_blocks)
+            request.num_cached_blocks = len(held)
+        num_new_blocks = -(-num_tokens_need_slot // self.block_size) - len(held)
         new_blocks: list[int] = []
         if num_new_blocks > 0:
             new_blocks = self.block_pool.get_new_blocks(num_new_blocks)
             held.extend(new_blocks)
         if self.enable_caching:
-            num_tokens_to_cache = total_computed + num_new_tokens
-            if num_tokens_to_cache > request.num_tokens:
-                num_tokens_to_cache = request.num_tokens
-            self.cache_blocks(request, num_tokens_to_cache)
+            self.cache_blocks(request, min(total_computed + num_new_tokens, request.num_tokens))
+        return new_blocks
+
+    def allocate_running_slots(self, request: Request, num_new_tokens: int) -> list[int] | None:
+        """``allocate_slots`` for a RUNNING request: no prefix hit, no gate, no watermark.
+
+        The scheduler's per-step hot path; decisions identical to the general method.
+        """
+        total = request.num_computed_tokens
+        max_model_len = self.max_model_len
+        if total > max_model_len:
+            total = max_model_len
+        total += num_new_tokens
+        num_slots = total if total < max_model_len else max_model_len
+        held = request.block_ids
+        need = -(-num_slots // self.block_size) - len(held)
+        new_blocks: list[int]
+        if need > 0:
+            if need > self.block_pool.free_queue.num_free_blocks:
+                return None
+            new_blocks = self.block_pool.get_new_blocks(need)
+            held.extend(new_blocks)
+        else:
+            new_blocks = []
+        if self.enable_caching:
+            num_full = (total if total < request.num_tokens else request.num_tokens) // (
+                self.block_size
+            )
+            if num_full > request.num_cached_blocks:
+                self.cache_blocks(request, num_full * self.block_size)
         return new_blocks
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Register the request's full blocks covering its first ``num_tokens`` tokens."""
-        req_id = request.req_id
-        num_cached = self.num_cached_blocks.get(req_id, 0)
-        num_hashed = len(request.block_hashes)
-        num_full = num_tokens // self.block_size
-        if num_full > num_hashed:
-            num_full = num_hashed
+        num_cached = request.num_cached_blocks
+        num_full = min(num_tokens // self.block_size, len(request.block_hashes))
         if num_cached >= num_full:
             return
         self.block_pool.cache_full_blocks(
-            self.req_to_blocks[req_id], request.block_hashes, num_cached, num_full
+            request.block_ids, request.block_hashes, num_cached, num_full
         )
-        self.num_cached_blocks[req_id] = num_full
+        request.num_cached_blocks = num_full
 
     def free(self, request: Request) -> None:
         """Release the request's blocks, tail first (deepest blocks are evicted first)."""
-        blocks = self.req_to_blocks.pop(request.req_id, None)
-        self.num_cached_blocks.pop(request.req_id, None)
+        blocks = request.block_ids
+        request.block_ids = []
+        request.num_cached_blocks = 0
         if blocks:
             self.block_pool.free_blocks(reversed(blocks))
 

@@ -103,11 +103,13 @@ class Request:
         "arrival_time",
         "block_hasher",
         "block_hashes",
+        "block_ids",
         "drop_stale_output",
         "eos_token_id",
         "is_prefill_chunk",
         "max_tokens",
         "min_tokens",
+        "num_cached_blocks",
         "num_computed_tokens",
         "num_in_flight_tokens",
         "num_output_placeholders",
@@ -175,6 +177,10 @@ class Request:
         self.drop_stale_output = False
         self.is_prefill_chunk = False
         self.num_preemptions = 0
+        # The KV cache manager is the only writer of these two: the request's block table and
+        # how many of its leading full blocks are registered in the prefix-hash map.
+        self.block_ids: list[int] = []
+        self.num_cached_blocks = 0
         self.block_hasher = block_hasher
         self.block_hashes: list[BlockHash] = []
         if block_hasher is not None:
@@ -207,6 +213,37 @@ class Request:
             hasher.block_size
         ):
             hasher.extend(self)
+
+    def append_sampled_token(self, token_id: int, max_model_len: int) -> bool:
+        """Append one sampled token, then apply vLLM 0.33.0's ``check_stop`` to it.
+
+        Returns True (and sets the finished status) if the token ends the request. The checks
+        run in 0.33.0's order: EOS → stop token (``stop_reason`` = the token) → length
+        (``num_tokens >= max_model_len`` or ``max_tokens`` outputs); ``min_tokens`` only guards
+        later checks (repetition detection, not implemented). EOS and stop tokens are thus
+        honoured even below ``min_tokens``: a real sampler masks them until then (ours does), so
+        this order matters only for scripted outputs such as the golden replays.
+        """
+        outputs = self.output_token_ids
+        outputs.append(token_id)
+        all_ids = self._all_token_ids
+        if all_ids is not None:
+            all_ids.append(token_id)
+        num_tokens = self.num_tokens = self.num_tokens + 1
+        hasher = self.block_hasher
+        if hasher is not None and num_tokens >= (len(self.block_hashes) + 1) * hasher.block_size:
+            hasher.extend(self)
+        if token_id == self.eos_token_id:
+            self.status = RequestStatus.FINISHED_STOPPED
+            return True
+        if token_id in self.stop_token_ids:
+            self.status = RequestStatus.FINISHED_STOPPED
+            self.stop_reason = token_id
+            return True
+        if num_tokens >= max_model_len or len(outputs) >= self.max_tokens:
+            self.status = RequestStatus.FINISHED_LENGTH_CAPPED
+            return True
+        return False
 
     # -- status ---------------------------------------------------------------------------------
     def is_finished(self) -> bool:

@@ -30,7 +30,6 @@ from engine.core.outputs import (
 )
 from engine.core.queues import create_request_queue
 from engine.core.request import Request, RequestStatus
-from engine.core.stop import check_stop
 
 RUNNING = RequestStatus.RUNNING
 WAITING = RequestStatus.WAITING
@@ -172,7 +171,7 @@ class Scheduler:
     def _schedule_running(self, plan: _StepPlan, threshold: int) -> None:
         """Phase A: give each RUNNING request its next tokens, preempting on KV shortage."""
         running = self.running
-        allocate = self.kv_cache_manager.allocate_slots
+        allocate = self.kv_cache_manager.allocate_running_slots
         max_model_len_1 = self.max_model_len - 1
         num_scheduled = plan.num_scheduled_tokens
         new_block_ids = plan.new_block_ids
@@ -283,7 +282,7 @@ class Scheduler:
                 plan.scheduled_new.append(request)
             else:
                 plan.scheduled_resumed.append(request)
-            plan.new_block_ids[request.req_id] = list(kv.get_block_ids(request.req_id))
+            plan.new_block_ids[request.req_id] = list(request.block_ids)
             plan.num_scheduled_tokens[request.req_id] = num_new
             budget -= num_new
             request.status = RUNNING
@@ -345,29 +344,24 @@ class Scheduler:
         )
 
     def _cached_request_data(self, plan: _StepPlan) -> CachedRequestData:
-        data = CachedRequestData()
-        req_ids, new_block_ids = data.req_ids, data.new_block_ids
-        computed, outputs = data.num_computed_tokens, data.num_output_tokens
-        prev = self.prev_step_scheduled_req_ids
         blocks = plan.new_block_ids
-        for request in plan.scheduled_running:
-            req_id = request.req_id
-            req_ids.append(req_id)
-            new_block_ids.append(blocks[req_id] or None)
-            computed.append(request.num_computed_tokens)
-            outputs.append(len(request.output_token_ids) + request.num_output_placeholders)
-            if req_id not in prev and request.has_token_ids:
-                data.all_token_ids[req_id] = list(request.all_token_ids)
-        for request in plan.scheduled_resumed:
-            req_id = request.req_id
-            req_ids.append(req_id)
-            data.resumed_req_ids.add(req_id)
-            new_block_ids.append(blocks[req_id] or None)
-            computed.append(request.num_computed_tokens)
-            outputs.append(len(request.output_token_ids) + request.num_output_placeholders)
-            if request.has_token_ids:
-                data.all_token_ids[req_id] = list(request.all_token_ids)
-        return data
+        prev = self.prev_step_scheduled_req_ids
+        reqs = plan.scheduled_running + plan.scheduled_resumed
+        ids = [r.req_id for r in reqs]
+        resumed = {r.req_id for r in plan.scheduled_resumed}
+        all_token_ids = {
+            r.req_id: list(r.all_token_ids)
+            for r in reqs
+            if (r.req_id not in prev or r.req_id in resumed) and r.has_token_ids
+        }
+        return CachedRequestData(
+            req_ids=ids,
+            resumed_req_ids=resumed,
+            new_block_ids=[blocks[i] or None for i in ids],
+            num_computed_tokens=[r.num_computed_tokens for r in reqs],
+            num_output_tokens=[len(r.output_token_ids) + r.num_output_placeholders for r in reqs],
+            all_token_ids=all_token_ids,
+        )
 
     def _update_after_schedule(self, num_scheduled: dict[str, int]) -> tuple[BatchShape, set[str]]:
         """Advance counters of scheduled requests and measure the step's batch shape."""
@@ -419,7 +413,8 @@ class Scheduler:
         outputs: list[EngineCoreOutput] = []
         requests = self.requests
         sampled = runner_out.sampled_token_ids
-        kv = self.kv_cache_manager
+        cache_blocks = self.kv_cache_manager.cache_blocks
+        max_model_len = self.max_model_len
         stopped_running: list[Request] = []
         stopped_waiting: list[Request] = []
         for req_id, n in sched_out.num_scheduled_tokens.items():
@@ -431,16 +426,21 @@ class Scheduler:
             if request.num_stale_output_tokens > 0:
                 stale = True
                 request.num_stale_output_tokens -= n
-            if request.status > PREEMPTED or (stale and request.drop_stale_output):
+            status_before = request.status
+            if status_before > PREEMPTED or (stale and request.drop_stale_output):
                 continue
             new_token_ids = sampled.get(req_id)
             if not new_token_ids:
                 continue  # a partial prefill chunk: nothing to emit
-            status_before = request.status
-            had_placeholders = request.num_output_placeholders > 0
-            new_token_ids, stopped = self._append_output(request, new_token_ids, stale)
-            if not stale and status_before == RUNNING and had_placeholders:
-                kv.cache_blocks(request, request.num_computed_tokens - request.num_in_flight_tokens)
+            placeholders = request.num_output_placeholders
+            if len(new_token_ids) == 1 and not stale:
+                stopped = request.append_sampled_token(new_token_ids[0], max_model_len)
+                if placeholders > 0:
+                    request.num_output_placeholders = placeholders - 1
+            else:
+                new_token_ids, stopped = self._append_outputs(request, new_token_ids, stale)
+            if placeholders > 0 and not stale and status_before == RUNNING:
+                cache_blocks(request, request.num_computed_tokens - request.num_in_flight_tokens)
             if stopped:
                 self._free_request(request)
                 (stopped_running if status_before == RUNNING else stopped_waiting).append(request)
@@ -461,16 +461,14 @@ class Scheduler:
             self.waiting.remove_requests(stopped_waiting)
         return outputs
 
-    def _append_output(
+    def _append_outputs(
         self, request: Request, new_token_ids: list[int], stale: bool
     ) -> tuple[list[int], bool]:
-        """Append sampled tokens one at a time, stopping (and trimming) at the first stop."""
+        """Append several sampled tokens (or stale ones) one at a time, trimming at a stop."""
         num_sampled = len(new_token_ids)
         stopped = False
-        max_model_len = self.max_model_len
         for i, token_id in enumerate(new_token_ids, 1):
-            request.append_output_token_id(token_id)
-            if check_stop(request, max_model_len):
+            if request.append_sampled_token(token_id, self.max_model_len):
                 stopped = True
                 if i < num_sampled:
                     if not stale:
@@ -486,3 +484,4 @@ class Scheduler:
         self.finished_req_ids.add(request.req_id)
         self.kv_cache_manager.free(request)
         del self.requests[request.req_id]
+
