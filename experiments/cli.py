@@ -1,5 +1,9 @@
 """The ``twinserve`` command line: one subcommand per job, each a thin layer over a library call.
 
+Each ``experiments/cmd_*.py`` module registers its subcommands through ``register(subparsers)``
+and imports its heavy dependencies (torch, pandas, simpy) only when its command runs, so
+``twinserve --help`` and the simulator start fast.
+
 Bad input (a malformed file, an invalid knob) ends with one ``twinserve: error: …`` line on
 stderr and exit status 2, never a traceback.
 """
@@ -7,25 +11,17 @@ stderr and exit status 2, never a traceback.
 from __future__ import annotations
 
 import argparse
-import json
+import importlib
 import sys
 from collections.abc import Callable, Sequence
 
-from engine.core.config import ConfigError
+from engine.core.errors import UserError
 
-#: Exceptions that mean "the user gave us something wrong" (not a bug): reported in one line.
-USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, ValueError, FileNotFoundError)
-
-
-def _cmd_replay_schedule(args: argparse.Namespace) -> int:
-    from experiments.replay import load_workload, replay
-
-    workload = load_workload(args.workload)
-    out = sys.stdout
-    for record in replay(workload):
-        out.write(json.dumps(record))
-        out.write("\n")
-    return 0
+#: Modules that contribute subcommands, in ``--help`` order.
+COMMAND_MODULES: tuple[str, ...] = (
+    "experiments.cmd_core",
+    "experiments.cmd_real",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,14 +30,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="LLM serving engine modelled on vLLM V1: one scheduler core, simulated or real.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    p = sub.add_parser(
-        "replay-schedule",
-        help="replay a scripted workload through the scheduler; one JSON record per step",
-        description="Replay a workload (shared/golden/README.md format) through the engine core "
-        "and print one JSON record per engine step, as the golden traces of vLLM 0.33.0 do.",
-    )
-    p.add_argument("workload", help="workload JSON file")
-    p.set_defaults(func=_cmd_replay_schedule)
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:
+                continue  # a command module not present in this checkout
+            raise
+        module.register(sub)
     return parser
 
 
@@ -51,11 +47,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)
-    except USER_ERRORS as exc:
+    except UserError as exc:
         print(f"twinserve: error: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         return 0
+    except KeyboardInterrupt:
+        print("twinserve: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

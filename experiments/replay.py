@@ -19,6 +19,7 @@ from typing import Any
 
 from engine.core.config import CacheConfig, ConfigError, EngineConfig, SchedulerConfig
 from engine.core.engine_core import EngineCore
+from engine.core.errors import UserError
 from engine.core.hashing import TokenBlockHasher
 from engine.core.outputs import ModelRunnerOutput, SchedulerOutput
 from engine.core.request import Request, SamplingParams
@@ -50,7 +51,7 @@ REQUEST_KEYS = frozenset(
 )
 
 
-class WorkloadError(ValueError):
+class WorkloadError(UserError):
     """A workload file is malformed; the message names the file, the request and the field."""
 
 

@@ -13,13 +13,15 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal, Self, TypeVar
 
+from engine.core.errors import UserError
+
 SchedulingPolicy = Literal["fcfs", "priority"]
 
 #: vLLM's default KV block size (``CacheConfig.DEFAULT_BLOCK_SIZE``).
 DEFAULT_BLOCK_SIZE = 16
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """A configuration value is invalid; the message names the knob and what is valid."""
 
 
