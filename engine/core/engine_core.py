@@ -19,9 +19,31 @@ from dataclasses import dataclass
 
 from engine.core.config import EngineConfig
 from engine.core.events import EventKind, EventLog, StepRecord
+from engine.core.fast_forward import (
+    AppliedRun,
+    UniformDecodeRun,
+    apply_uniform_decode,
+    find_uniform_decode_run,
+)
 from engine.core.outputs import EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
 from engine.core.request import Request, RequestStatus
 from engine.core.scheduler import Scheduler
+
+
+@dataclass(frozen=True, slots=True)
+class RunTiming:
+    """Times of a bulk-applied uniform decode run, from the driver's timeline (seconds).
+
+    ``schedule_time_s[k]`` is when iteration k called schedule(); the other lists describe the
+    steps whose outputs the iterations applied, in order (under async scheduling the first of
+    them is the batch that was already in flight).
+    """
+
+    schedule_time_s: list[float]
+    execute_start_s: list[float]
+    execute_end_s: list[float]
+    update_time_s: list[float]
+    cost_s: list[float]
 
 
 @dataclass(slots=True)
@@ -109,6 +131,93 @@ class EngineCore:
             flight, outputs, now, execute_start_s, execute_end_s, runner_out.execute_time_s
         )
         return outputs
+
+    # -- bulk decode runs -----------------------------------------------------------------------
+    def find_uniform_decode_run(self, token_id: int) -> UniformDecodeRun | None:
+        """Before ``begin_step``: the identical decode iterations that could be bulk-applied."""
+        return find_uniform_decode_run(self, token_id)
+
+    def apply_uniform_decode(
+        self, run: UniformDecodeRun, num_iterations: int, token_id: int, timing: RunTiming
+    ) -> AppliedRun:
+        """Apply ``num_iterations`` iterations of ``run`` exactly as step-by-step execution
+        would, with every request sampling ``token_id``; records tokens and steps."""
+        if any(len(v) != num_iterations for v in (
+            timing.schedule_time_s, timing.execute_start_s, timing.execute_end_s,
+            timing.update_time_s, timing.cost_s,
+        )):
+            raise ValueError("RunTiming lists must each hold num_iterations entries")
+        num_free_before = self.scheduler.kv_cache_manager.get_num_free_blocks()
+        previous = self._in_flight.popleft() if run.is_async else None
+        applied = apply_uniform_decode(self, run, num_iterations, token_id)
+        if applied.last_scheduled is not None:
+            self._in_flight.append(_InFlight(applied.last_scheduled, timing.schedule_time_s[-1]))
+        self._must_finish = run.is_async  # the driver resumes with a full queue
+        self._record_run(run, applied, timing, previous, num_free_before)
+        return applied
+
+    def _record_run(
+        self,
+        run: UniformDecodeRun,
+        applied: AppliedRun,
+        timing: RunTiming,
+        previous: _InFlight | None,
+        num_free_before: int,
+    ) -> None:
+        log = self.event_log
+        k_total = applied.num_iterations
+        ids = [r.req_id for r in run.requests]
+        first_seen = self._first_token_seen
+        for req_id in ids:
+            if req_id not in first_seen:
+                first_seen.add(req_id)
+                log.record(req_id, EventKind.FIRST_TOKEN, timing.update_time_s[0])
+        log.extend_runs(ids, applied.applied_step_ids.start, k_total)
+        n = run.num_reqs
+        kv = self.scheduler.kv_cache_manager
+        usable = kv.block_pool.num_gpu_blocks - 1
+        free = num_free_before
+        kv_usage = []
+        for allocs in applied.allocs_per_iteration:
+            free -= allocs
+            kv_usage.append(1.0 - free / usable)
+        shift = 1 if run.is_async else 0
+        schedule_times = list(timing.schedule_time_s)
+        blockers = [str(run.blocker)] * k_total
+        ctx_sums = [run.context_sum + n * (j - shift) for j in range(k_total)]
+        zeros = [0] * k_total
+        num_new, num_resumed, num_preempted = list(zeros), list(zeros), list(zeros)
+        if previous is not None:
+            prev_out = previous.sched_out
+            schedule_times = [previous.schedule_time_s, *schedule_times[:-1]]
+            blockers[0] = str(prev_out.admission_blocker)
+            ctx_sums[0] = prev_out.batch_shape.decode_context_sum
+            num_new[0] = len(prev_out.scheduled_new_reqs)
+            num_resumed[0] = len(prev_out.scheduled_cached_reqs.resumed_req_ids)
+            num_preempted[0] = len(prev_out.preempted_req_ids)
+        log.record_steps({
+            "step_id": list(applied.applied_step_ids),
+            "schedule_time_s": schedule_times,
+            "execute_start_s": list(timing.execute_start_s),
+            "execute_end_s": list(timing.execute_end_s),
+            "update_time_s": list(timing.update_time_s),
+            "num_reqs": [n] * k_total,
+            "num_tokens": [n] * k_total,
+            "num_prefill_reqs": zeros,
+            "num_prefill_tokens": zeros,
+            "num_decode_reqs": [n] * k_total,
+            "decode_context_sum": ctx_sums,
+            "num_sampled_tokens": [n] * k_total,
+            "num_new_reqs": num_new,
+            "num_resumed_reqs": num_resumed,
+            "num_preempted_reqs": num_preempted,
+            "num_finished_reqs": zeros,
+            "num_running": [n] * k_total,
+            "num_waiting": [run.num_waiting] * k_total,
+            "kv_usage": kv_usage,
+            "admission_blocker": blockers,
+            "cost_s": list(timing.cost_s),
+        })
 
     # -- events ---------------------------------------------------------------------------------
     def _record_schedule(self, out: SchedulerOutput, now: float) -> None:

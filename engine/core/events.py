@@ -156,18 +156,27 @@ class EventLog:
         if idx is not None:
             run = self._open_runs.pop(idx, None)
             if run is not None:
-                self._close_run(idx, run, pop=False)
+                self._close_run(idx, run)
 
     def record_step(self, step: StepRecord) -> None:
         cols = self._steps
         for name in STEP_COLUMNS:
             cols[name].append(getattr(step, name))  # type: ignore[arg-type]
 
+    def record_steps(self, columns: dict[str, list[object]]) -> None:
+        """Append several steps at once: one equal-length list per ``StepRecord`` field."""
+        cols = self._steps
+        lengths = {len(v) for v in columns.values()}
+        if set(columns) != set(STEP_COLUMNS) or len(lengths) != 1:
+            raise ValueError("record_steps needs one equal-length list per StepRecord field")
+        for name in STEP_COLUMNS:
+            cols[name].extend(columns[name])  # type: ignore[arg-type]
+
     def record_delivery(self, step_id: int, time_s: float) -> None:
         """The outputs of ``step_id`` reached the client at ``time_s``."""
         self._delivered[step_id] = time_s
 
-    def _close_run(self, idx: int, run: list[int], pop: bool = True) -> None:
+    def _close_run(self, idx: int, run: list[int]) -> None:
         self._run_req.append(idx)
         self._run_first.append(run[0])
         self._run_count.append(run[1])

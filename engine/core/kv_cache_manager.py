@@ -198,7 +198,10 @@ class KVCacheManager:
         return new_blocks
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
-        """Register the request's full blocks covering its first ``num_tokens`` tokens."""
+        """Register the request's full blocks covering its first ``num_tokens`` tokens
+        (nothing when prefix caching is off)."""
+        if not self.enable_caching:
+            return
         num_cached = request.num_cached_blocks
         num_full = min(num_tokens // self.block_size, len(request.block_hashes))
         if num_cached >= num_full:

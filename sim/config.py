@@ -1,0 +1,300 @@
+"""A simulation's complete, frozen configuration — and how its KV capacity follows from it.
+
+``SimConfig`` holds everything a run depends on (model, GPU layout, engine knobs, front-end and
+output-path costs, workload, seed), so a run is a pure function of it. It round-trips through
+plain dicts (``to_dict``/``from_dict``) for ``config.json``, TOML/JSON experiment files and sweep
+caching; unknown keys are rejected with the list of valid ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.core.config import (
+    CacheConfig,
+    ConfigError,
+    EngineConfig,
+    SchedulerConfig,
+    config_from_dict,
+)
+from sim.cost.roofline import RooflineParams
+from sim.hardware import GPUSpec, get_gpu
+from sim.models import ModelSpec, get_model
+from sim.workload import WorkloadConfig
+
+
+@dataclass(frozen=True, slots=True)
+class FrontendConfig:
+    """Costs of the request path outside the engine core (seconds; documented defaults).
+
+    Defaults are estimates for a vLLM OpenAI server on a modern server CPU: request validation
+    and chat templating ≈ 0.3 ms, fast (Rust) tokenization ≈ 1 µs per prompt token,
+    detokenization ≈ 2 µs per streamed token, ZeroMQ + msgpack IPC ≈ 50 µs per message, and
+    the engine core's own scheduling CPU ≈ 9 µs per scheduled request (vLLM 0.33.0's scheduler
+    measured on this project's 2-core machine; see docs/simulator.md).
+    """
+
+    num_api_servers: int = 1  # front-end processes (vLLM --api-server-count)
+    request_overhead_s: float = 3e-4  # validation + chat template, per request
+    tokenize_s_per_token: float = 1e-6  # per prompt token
+    ipc_latency_s: float = 5e-5  # front end <-> engine core, per message
+    detokenize_s_per_token: float = 2e-6  # output processor, per generated token
+    output_batch_overhead_s: float = 3e-5  # output processor, per engine step's outputs
+    network_latency_s: float = 0.0  # client <-> server, one way
+    schedule_overhead_s: float = 5e-5  # engine core CPU per step: schedule() base cost
+    schedule_s_per_request: float = 9e-6  # ... plus this per scheduled request
+    update_overhead_s: float = 2e-5  # engine core CPU per step: update_from_output() base
+
+    def __post_init__(self) -> None:
+        if self.num_api_servers < 1:
+            raise ConfigError(f"num_api_servers must be >= 1, got {self.num_api_servers}")
+        for f in dataclasses.fields(self):
+            if f.name != "num_api_servers" and getattr(self, f.name) < 0:
+                raise ConfigError(f"{f.name} must be >= 0, got {getattr(self, f.name)}")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineKnobs:
+    """vLLM's engine knobs as a user sets them; None = vLLM 0.33.0's default for the GPU.
+
+    ``max_model_len`` and the KV block count are resolved from the model and GPU memory by
+    ``resolve_engine_config``; the full validation happens there (``SchedulerConfig``).
+    """
+
+    max_num_batched_tokens: int | None = None  # None: 8192 on H100/H200, 2048 on A100 (server)
+    max_num_seqs: int | None = None  # None: 1024 on H100/H200, 256 on A100 (server)
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0
+    policy: str = "fcfs"  # "fcfs" or "priority"
+    scheduler_reserve_full_isl: bool = True
+    async_scheduling: bool = True
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    watermark: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_batched_tokens", "max_num_seqs"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or v < 1):
+                raise ConfigError(f"{name} must be a positive integer, got {v!r}")
+        if self.policy not in ("fcfs", "priority"):
+            raise ConfigError(f"policy must be 'fcfs' or 'priority', got {self.policy!r}")
+        CacheConfig(block_size=self.block_size, watermark=self.watermark)  # validates
+
+
+def server_defaults(gpu: GPUSpec) -> tuple[int, int]:
+    """vLLM 0.33.0's online-serving (max_num_batched_tokens, max_num_seqs) for a GPU
+    (SCHEDULER_SPEC.md §1): >=160 GiB: 16384/1024; >=70 GiB except A100: 8192/1024; else
+    2048/256."""
+    if gpu.usable_memory_gib >= 160:
+        return 16384, 1024
+    if gpu.usable_memory_gib >= 70 and not gpu.name.startswith("a100"):
+        return 8192, 1024
+    return 2048, 256
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """One simulated run: what is served, on what, with which knobs, under which load."""
+
+    model: str = "meta-llama/Llama-3.1-8B"
+    gpu: str = "h100-sxm"
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.92
+    num_gpu_blocks: int | None = None  # override the memory-derived block count
+    max_model_len: int | None = None  # None = the model's context length
+    engine: EngineKnobs = field(default_factory=EngineKnobs)
+    frontend: FrontendConfig = field(default_factory=FrontendConfig)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    roofline: RooflineParams = field(default_factory=RooflineParams)
+    cost_model: str = "roofline"  # "roofline" or "fitted:PATH"
+    seed: int = 0
+    fast_path: bool = True  # exact bulk application of identical decode steps
+
+    def __post_init__(self) -> None:
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
+        if self.tensor_parallel_size < 1:
+            raise ConfigError(
+                f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}"
+            )
+        get_model(self.model)
+        get_gpu(self.gpu)
+        if not (self.cost_model == "roofline" or self.cost_model.startswith("fitted:")):
+            raise ConfigError(
+                f"cost_model must be 'roofline' or 'fitted:PATH', got {self.cost_model!r}"
+            )
+
+    @property
+    def model_spec(self) -> ModelSpec:
+        return get_model(self.model)
+
+    @property
+    def gpu_spec(self) -> GPUSpec:
+        return get_gpu(self.gpu)
+
+    # -- dict round trip ------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+        w = out["workload"]
+        w["request_rate"] = _encode_float(w["request_rate"])
+        w["priority_mix"] = [list(p) for p in w["priority_mix"]]
+        return out
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> SimConfig:
+        values = dict(values)
+        sections = {
+            "engine": EngineKnobs,
+            "frontend": FrontendConfig,
+            "workload": WorkloadConfig,
+            "roofline": RooflineParams,
+        }
+        kwargs: dict[str, Any] = {}
+        for name, sub in sections.items():
+            if name in values:
+                raw = values.pop(name)
+                if not isinstance(raw, dict):
+                    raise ConfigError(f"section {name!r} must be a table/object")
+                raw = dict(raw)
+                if name == "workload":
+                    if "request_rate" in raw:
+                        raw["request_rate"] = _decode_float(raw["request_rate"])
+                    if "priority_mix" in raw:
+                        raw["priority_mix"] = tuple(tuple(p) for p in raw["priority_mix"])
+                kwargs[name] = config_from_dict(sub, raw, where=f"[{name}]")
+        valid = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(values) - set(valid))
+        if unknown:
+            raise ConfigError(
+                f"unknown key(s) {', '.join(unknown)}; valid top-level keys: {', '.join(valid)}"
+            )
+        kwargs.update(values)
+        return cls(**kwargs)
+
+
+def _encode_float(x: float) -> float | str:
+    return "inf" if math.isinf(x) else x
+
+
+def _decode_float(x: float | str) -> float:
+    return math.inf if isinstance(x, str) and x.lower() in ("inf", "infinity") else float(x)
+
+
+# -- KV capacity ---------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class KVCapacity:
+    """How vLLM would size the KV cache for this layout (per GPU; TP splits KV heads)."""
+
+    total_bytes: float  # device memory as the driver reports it
+    budget_bytes: float  # total × gpu_memory_utilization
+    weight_bytes: float  # this GPU's share of the weights
+    activation_bytes: float  # peak non-KV memory of the profiling forward (+ runtime overhead)
+    kv_bytes: float  # what is left for the KV cache
+    bytes_per_block: float
+    num_gpu_blocks: int  # incl. the null block
+
+
+#: CUDA context, NCCL buffers, allocator fragmentation and CUDA graphs: not in the profile.
+RUNTIME_OVERHEAD_BYTES = 1.5 * 2**30
+
+
+def kv_capacity(cfg: SimConfig) -> KVCapacity:
+    """Blocks = (memory × utilization − weights/tp − activation peak) / bytes per block.
+
+    The activation peak is that of vLLM's profiling forward at ``max_num_batched_tokens``
+    tokens: the widest intermediate (gate+up of the MLP), QKV, residual stream copies and the
+    logits of ``max_num_seqs`` sampled rows in fp32, per TP rank.
+    """
+    m, g, tp = cfg.model_spec, cfg.gpu_spec, cfg.tensor_parallel_size
+    t, max_num_seqs = _budgets(cfg)
+    a = 2  # bf16 activations
+    per_token = (
+        2 * m.intermediate_size / tp
+        + (m.num_heads + 2 * m.num_kv_heads) * m.head_dim / tp
+        + 4 * m.hidden_size
+    )
+    logits = min(max_num_seqs, t) * m.vocab_size / tp * 4
+    activation = t * per_token * a + logits + RUNTIME_OVERHEAD_BYTES
+    budget = g.memory_bytes * cfg.gpu_memory_utilization
+    weights = m.weight_bytes / tp
+    kv = budget - weights - activation
+    per_block = cfg.engine.block_size * m.kv_bytes_per_token / tp
+    blocks = int(kv // per_block) if kv > 0 else 0
+    return KVCapacity(g.memory_bytes, budget, weights, activation, kv, per_block, blocks)
+
+
+def _budgets(cfg: SimConfig) -> tuple[int, int]:
+    default_tokens, default_seqs = server_defaults(cfg.gpu_spec)
+    e = cfg.engine
+    return e.max_num_batched_tokens or default_tokens, e.max_num_seqs or default_seqs
+
+
+def resolve_engine_config(cfg: SimConfig) -> EngineConfig:
+    """The engine config the simulated engine runs with: KV blocks from memory unless given,
+    vLLM's per-GPU budget defaults, ``max_model_len`` from the model (shrunk to what the KV
+    cache holds, as vLLM's auto-fit does, unless the user fixed it).
+
+    Raises ``ConfigError`` when the model does not fit or one max-length request cannot.
+    """
+    m, e = cfg.model_spec, cfg.engine
+    if cfg.max_model_len is not None and cfg.max_model_len > m.max_model_len:
+        raise ConfigError(
+            f"max_model_len {cfg.max_model_len} exceeds {m.name}'s context length "
+            f"{m.max_model_len}"
+        )
+    max_model_len = cfg.max_model_len or m.max_model_len
+    if cfg.num_gpu_blocks is not None:
+        num_blocks = cfg.num_gpu_blocks
+    else:
+        cap = kv_capacity(cfg)
+        if cap.num_gpu_blocks < 2:
+            raise ConfigError(
+                f"{m.name} does not fit on {cfg.tensor_parallel_size} x {cfg.gpu}: weights "
+                f"{cap.weight_bytes / 2**30:.1f} GiB + activations "
+                f"{cap.activation_bytes / 2**30:.1f} GiB per GPU exceed "
+                f"{cap.budget_bytes / 2**30:.1f} GiB (gpu_memory_utilization "
+                f"{cfg.gpu_memory_utilization}); raise tensor_parallel_size or "
+                "gpu_memory_utilization, or choose a larger GPU"
+            )
+        num_blocks = cap.num_gpu_blocks
+    usable_tokens = (num_blocks - 1) * e.block_size
+    if usable_tokens < max_model_len:
+        if cfg.max_model_len is not None:
+            raise ConfigError(
+                f"one request of max_model_len {max_model_len} tokens needs "
+                f"{-(-max_model_len // e.block_size)} KV blocks but only "
+                f"{num_blocks - 1} fit; lower max_model_len, or give more KV memory "
+                "(num_gpu_blocks, gpu_memory_utilization, tensor_parallel_size)"
+            )
+        max_model_len = usable_tokens  # as vLLM's auto-fit of max_model_len would
+    if max_model_len < 2:
+        raise ConfigError(f"the KV cache holds only {usable_tokens} tokens: no request fits")
+    budget, max_num_seqs = _budgets(cfg)
+    if not e.enable_chunked_prefill:
+        budget = max(budget, max_model_len)  # vLLM: max(max_model_len, default)
+    sched = SchedulerConfig(
+        max_num_batched_tokens=budget,
+        max_num_seqs=min(max_num_seqs, budget) if e.max_num_seqs is None else max_num_seqs,
+        max_model_len=max_model_len,
+        enable_chunked_prefill=e.enable_chunked_prefill,
+        long_prefill_token_threshold=e.long_prefill_token_threshold,
+        policy=e.policy,  # type: ignore[arg-type]
+        scheduler_reserve_full_isl=e.scheduler_reserve_full_isl,
+        async_scheduling=e.async_scheduling,
+    )
+    cache = CacheConfig(
+        num_gpu_blocks=num_blocks,
+        block_size=e.block_size,
+        enable_prefix_caching=e.enable_prefix_caching,
+        watermark=e.watermark,
+    )
+    return EngineConfig(scheduler=sched, cache=cache)

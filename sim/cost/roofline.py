@@ -1,0 +1,188 @@
+"""Analytic roofline cost model: how long one engine step takes on a catalogued GPU layout.
+
+For every kernel of a step the model takes ``max(FLOPs / achievable FLOP/s, bytes / achievable
+bandwidth) + kernel floor`` (COST_MODEL.md §1):
+
+* linear layers — QKV, O, gate+up, down per layer, each its own GEMM over all ``T`` scheduled
+  tokens with ``1/tp`` of the weights: small ``T`` is weight-read bound (decode), large ``T`` is
+  compute bound (prefill); the crossover is where a batch turns compute bound;
+* attention — one launch per layer over the batch: prefill chunks ``(q, ctx)`` cost
+  ``4·H/tp·d·q·(ctx + (q+1)/2)`` FLOPs and read their KV; decodes read ``ctx + 1`` tokens of KV;
+* LM head — only for the rows that sample this step;
+* tensor parallelism — two ring all-reduces of ``T·hidden`` activations per layer;
+* fixed overheads — per step (launch/graph replay, sampling set-up) and per scheduled request.
+
+Every efficiency and overhead is a named parameter (``RooflineParams``); GPU efficiencies come
+from the catalog (``sim/hardware.py``), calibrated on measured operator times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.core.config import ConfigError
+from engine.core.interfaces import StepTime
+from engine.core.outputs import BatchShape
+from sim.hardware import GPUSpec
+from sim.models import ModelSpec
+
+
+@dataclass(frozen=True, slots=True)
+class RooflineParams:
+    """Knobs of the roofline beyond the GPU catalog's efficiencies (seconds unless stated).
+
+    Defaults: ``kernel_floor_s`` is the shortest time a GEMM kernel takes however small its
+    input (fitted with the efficiencies, see docs/cost_model.md); ``step_overhead_s`` covers a
+    step's launch/graph replay and sampler set-up on the GPU side; ``per_request_overhead_s``
+    per-sequence work that scales with the batch (sampling, metadata). Both overheads are
+    estimates from vLLM's published V1 profiles on H100 (decode steps spend ≈0.3–0.6 ms outside
+    the model's kernels at small batch), not fitted to any validation run.
+    """
+
+    kernel_floor_s: float = 4e-6
+    step_overhead_s: float = 4e-4
+    per_request_overhead_s: float = 2e-6
+    attention_compute_efficiency: float = 0.5  # fraction of the GEMM efficiency attention reaches
+    activation_bytes: int = 2  # bf16 activations
+
+    def __post_init__(self) -> None:
+        for name in ("kernel_floor_s", "step_overhead_s", "per_request_overhead_s"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0")
+        if not 0 < self.attention_compute_efficiency <= 1:
+            raise ConfigError("attention_compute_efficiency must be in (0, 1]")
+
+
+class RooflineCostModel:
+    """``CostModel`` for one model on ``tensor_parallel_size`` GPUs of one kind."""
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        gpu: GPUSpec,
+        tensor_parallel_size: int = 1,
+        params: RooflineParams | None = None,
+    ) -> None:
+        self.model = model
+        self.gpu = gpu
+        self.params = params or RooflineParams()
+        self.tensor_parallel_size = tp = tensor_parallel_size
+        if tp < 1 or tp & (tp - 1):
+            raise ConfigError(f"tensor_parallel_size must be a power of two >= 1, got {tp}")
+        if model.num_heads % tp:
+            raise ConfigError(
+                f"tensor_parallel_size {tp} does not divide {model.name}'s "
+                f"{model.num_heads} attention heads"
+            )
+        if model.num_kv_heads % tp and tp % model.num_kv_heads:
+            raise ConfigError(
+                f"tensor_parallel_size {tp} does not divide {model.name}'s "
+                f"{model.num_kv_heads} KV heads"
+            )
+        m, w = model, model.dtype_bytes
+        self._flops_s = gpu.peak_flops * gpu.compute_efficiency
+        self._attn_flops_s = self._flops_s * self.params.attention_compute_efficiency
+        self._bw = gpu.memory_bw_bytes_s * gpu.memory_efficiency
+        hq, hkv, d, h, f = m.num_heads, m.num_kv_heads, m.head_dim, m.hidden_size, m.intermediate_size
+        # (in_features, out_features) of each GEMM of a layer, per TP rank.
+        self._gemms = (
+            (h, (hq + 2 * hkv) * d / tp),  # QKV
+            (hq * d / tp, h),  # O
+            (h, 2 * f / tp),  # gate + up (one fused GEMM in vLLM)
+            (f / tp, h),  # down
+        )
+        self._expert_gemms = 2  # gate+up and down are per expert
+        self._kv_bytes_token_layer = 2 * max(hkv / tp, 1) * d * w  # K and V of one token
+        self._q_heads = hq / tp
+        self._weight_bytes = w
+
+    # -- pieces ---------------------------------------------------------------------------------
+    def _gemm_time(self, tokens: float, k: float, n: float, num_copies: float = 1.0) -> float:
+        """One GEMM of ``tokens × k`` by ``k × n`` (``num_copies`` weight matrices read)."""
+        if tokens <= 0:
+            return 0.0
+        w, a = self._weight_bytes, self.params.activation_bytes
+        flops = 2.0 * tokens * k * n
+        bytes_ = num_copies * k * n * w + tokens * (k + n) * a
+        return max(flops / self._flops_s, bytes_ / self._bw) + self.params.kernel_floor_s
+
+    def _linear_layer_time(self, tokens: int) -> float:
+        m = self.model
+        total = 0.0
+        for i, (k, n) in enumerate(self._gemms):
+            if i >= 2 and m.num_experts > 1:
+                # Each token runs through top-k experts; weights of the experts touched are read.
+                touched = min(m.num_experts, tokens * m.num_experts_per_token)
+                routed = tokens * m.num_experts_per_token
+                total += self._gemm_time(routed, k, n, num_copies=touched)
+            else:
+                total += self._gemm_time(tokens, k, n)
+        return total
+
+    def _attention_layer_time(self, shape: BatchShape) -> float:
+        d, hq = self.model.head_dim, self._q_heads
+        flops = 0.0
+        kv_bytes = 0.0
+        for q, ctx in zip(shape.prefill_query_lens, shape.prefill_context_lens, strict=True):
+            flops += 4.0 * hq * d * q * (ctx + (q + 1) / 2.0)
+            kv_bytes += (ctx + q) * self._kv_bytes_token_layer
+        n_dec = shape.num_decode_reqs
+        if n_dec:
+            kv_tokens = shape.decode_context_sum + n_dec
+            flops += 4.0 * hq * d * kv_tokens
+            kv_bytes += kv_tokens * self._kv_bytes_token_layer
+        if flops == 0.0:
+            return 0.0
+        io_bytes = 2.0 * shape.num_tokens * hq * d * self.params.activation_bytes  # Q in, out
+        return max(flops / self._attn_flops_s, (kv_bytes + io_bytes) / self._bw) + (
+            self.params.kernel_floor_s
+        )
+
+    def _lm_head_time(self, rows: int) -> float:
+        tp = self.tensor_parallel_size
+        return self._gemm_time(rows, self.model.hidden_size, self.model.vocab_size / tp)
+
+    def _allreduce_time(self, tokens: int) -> float:
+        tp = self.tensor_parallel_size
+        if tp == 1 or tokens == 0:
+            return 0.0
+        nbytes = tokens * self.model.hidden_size * self.params.activation_bytes
+        gpu = self.gpu
+        ring = 2.0 * (tp - 1) / tp * nbytes / (gpu.link_bw_bytes_s * gpu.allreduce_efficiency)
+        return ring + gpu.allreduce_latency_s
+
+    # -- the protocol ---------------------------------------------------------------------------
+    def step_time(self, shape: BatchShape) -> StepTime:
+        if shape.num_tokens == 0:
+            return StepTime(total_s=0.0)
+        layers = self.model.num_layers
+        linear = layers * self._linear_layer_time(shape.num_tokens)
+        linear += self._lm_head_time(shape.num_sampling_reqs)
+        attention = layers * self._attention_layer_time(shape)
+        comm = layers * 2 * self._allreduce_time(shape.num_tokens)
+        overhead = self.params.step_overhead_s + self.params.per_request_overhead_s * shape.num_reqs
+        return StepTime(
+            total_s=linear + attention + comm + overhead,
+            linear_s=linear,
+            attention_s=attention,
+            communication_s=comm,
+            overhead_s=overhead,
+        )
+
+    def decode_step_times(
+        self, num_reqs: int, context_sum_start: int, num_steps: int
+    ) -> np.ndarray:
+        """Durations of ``num_steps`` consecutive pure-decode steps of ``num_reqs`` requests
+        whose contexts each grow by one per step (vectorised ``step_time``; same values)."""
+        base = self.step_time(
+            BatchShape(num_reqs, num_reqs, (), (), num_reqs, 0, 0, num_reqs)
+        )
+        d, hq = self.model.head_dim, self._q_heads
+        kv_tokens = context_sum_start + num_reqs + num_reqs * np.arange(num_steps, dtype=np.float64)
+        flops = 4.0 * hq * d * kv_tokens
+        io_bytes = 2.0 * num_reqs * hq * d * self.params.activation_bytes
+        mem = (kv_tokens * self._kv_bytes_token_layer + io_bytes) / self._bw
+        attn = np.maximum(flops / self._attn_flops_s, mem) + self.params.kernel_floor_s
+        return base.total_s - base.attention_s + self.model.num_layers * attn

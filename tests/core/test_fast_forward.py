@@ -1,0 +1,188 @@
+"""The bulk decode fast path equals step-by-step execution, exactly.
+
+From random engine states (sync and async scheduling, prefix caching on and off, shared
+prefixes, tight KV caches, waiting queues blocked by max_num_seqs), applying K iterations in
+bulk must leave the scheduler, the KV cache (block ids, free-queue order, hash map) and the
+event records exactly as K calls of begin_step/finish_step would.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from engine.core.config import CacheConfig, EngineConfig, SchedulerConfig
+from engine.core.engine_core import EngineCore, RunTiming
+from engine.core.hashing import PrecomputedBlockHasher, TokenBlockHasher
+from engine.core.outputs import ModelRunnerOutput, SchedulerOutput
+from engine.core.request import Request, SamplingParams
+
+TOKEN = 7
+
+
+def _runner_output(out: SchedulerOutput) -> ModelRunnerOutput:
+    return ModelRunnerOutput(
+        {r: [TOKEN] for r in out.num_scheduled_tokens if r not in out.partial_prefill_req_ids}
+    )
+
+
+def _iterate(core: EngineCore, now: float) -> None:
+    """One engine-loop iteration, as every driver runs it."""
+    out = core.begin_step(now)
+    del out
+    if core.must_finish_step():
+        oldest = core.oldest_in_flight()
+        core.finish_step(oldest, _runner_output(oldest), now)
+
+
+def _timing(k: int, t0: float) -> RunTiming:
+    ts = [t0 + i for i in range(k)]
+    return RunTiming(ts, ts, ts, ts, [0.0] * k)
+
+
+def _state(core: EngineCore) -> dict:
+    sched = core.scheduler
+    pool = sched.kv_cache_manager.block_pool
+    reqs = {}
+    for req_id, r in sched.requests.items():
+        reqs[req_id] = (
+            r.status, r.num_computed_tokens, r.num_tokens, list(r.output_token_ids),
+            r.num_output_placeholders, r.num_in_flight_tokens, r.num_stale_output_tokens,
+            list(r.block_ids), r.num_cached_blocks, list(r.block_hashes), r.is_prefill_chunk,
+        )
+    table = {h: (v if isinstance(v, int) else list(v)) for h, v in pool.hash_to_block.items()}
+    flights = [
+        (
+            f.sched_out.step_id, dict(f.sched_out.num_scheduled_tokens), f.sched_out.batch_shape,
+            f.sched_out.scheduled_cached_reqs.new_block_ids,
+            f.sched_out.scheduled_cached_reqs.num_computed_tokens,
+            f.sched_out.scheduled_cached_reqs.num_output_tokens,
+            str(f.sched_out.admission_blocker),
+        )
+        for f in core._in_flight
+    ]
+    log = core.event_log
+    steps = log.steps_columns()
+    comparable_steps = {
+        k: list(v) for k, v in steps.items()
+        if k not in ("schedule_time_s", "execute_start_s", "execute_end_s", "update_time_s",
+                     "cost_s")
+    }
+    runs = log.token_runs()
+    token_runs = sorted(
+        zip(runs["req_index"], runs["first_step"], runs["num_tokens"], strict=True)
+    )
+    return {
+        "requests": reqs,
+        "running": [r.req_id for r in sched.running],
+        "waiting": [r.req_id for r in sched.waiting],
+        "num_steps": sched.num_steps,
+        "prev": sched.prev_step_scheduled_req_ids,
+        "finished": sched.finished_req_ids,
+        "ref_cnt": list(pool.ref_cnt),
+        "block_hash": list(pool.block_hash),
+        "free_queue": pool.free_queue.get_all_free_blocks(),
+        "table": table,
+        "in_flight": flights,
+        "steps": comparable_steps,
+        "token_runs": token_runs,
+        "first_tokens": sorted(core._first_token_seen),
+    }
+
+
+def _build(seed: int) -> tuple[EngineCore, list[Request], random.Random]:
+    rng = random.Random(seed)
+    bs = rng.choice([2, 4, 16])
+    max_num_seqs = rng.choice([2, 3, 8, 16])
+    budget = max(max_num_seqs, rng.choice([8, 32, 256]))
+    config = EngineConfig(
+        scheduler=SchedulerConfig(
+            max_num_batched_tokens=budget,
+            max_num_seqs=max_num_seqs,
+            max_model_len=rng.choice([64, 200, 4096]),
+            async_scheduling=rng.random() < 0.5,
+            policy=rng.choice(["fcfs", "priority"]),
+        ),
+        cache=CacheConfig(
+            num_gpu_blocks=rng.choice([30, 60, 400]),
+            block_size=bs,
+            enable_prefix_caching=rng.random() < 0.7,
+        ),
+    )
+    core = EngineCore(config)
+    prefixes = [[rng.randrange(100, 200) for _ in range(bs * rng.randint(0, 3))] for _ in range(2)]
+    requests = []
+    max_len = config.scheduler.max_model_len
+    for i in range(rng.randint(1, 12)):
+        prompt = rng.choice(prefixes) + [rng.randrange(200, 900) for _ in range(rng.randint(1, 30))]
+        prompt = prompt[: max_len - 2]
+        params = SamplingParams(max_tokens=rng.randint(1, 60))
+        hasher: TokenBlockHasher | PrecomputedBlockHasher
+        if rng.random() < 0.5:
+            hasher = TokenBlockHasher(bs)
+            req = Request(str(i), sampling_params=params, prompt_token_ids=prompt,
+                          arrival_time=float(i), priority=rng.randint(0, 2), block_hasher=hasher)
+        else:
+            keys = [("p", tuple(prompt[: (j + 1) * bs])) for j in range(len(prompt) // bs)]
+            hasher = PrecomputedBlockHasher(bs, keys, unique_id=i)
+            req = Request(str(i), sampling_params=params, num_prompt_tokens=len(prompt),
+                          arrival_time=float(i), priority=rng.randint(0, 2), block_hasher=hasher)
+        requests.append(req)
+    return core, requests, rng
+
+
+@settings(max_examples=150, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**6), k_frac=st.floats(0.0, 1.0))
+def test_bulk_run_equals_step_by_step(seed: int, k_frac: float) -> None:
+    core, requests, rng = _build(seed)
+    pending = list(requests)
+    checked = 0
+    for step in range(400):
+        while pending and rng.random() < 0.4:
+            core.add_request(pending.pop(0), float(step))
+        if not pending and not core.has_work():
+            break
+        run = core.find_uniform_decode_run(TOKEN)
+        if run is not None and rng.random() < 0.5:
+            k = 1 + int(k_frac * (run.max_iterations - 1))
+            bulk = copy.deepcopy(core)
+            bulk_run = bulk.find_uniform_decode_run(TOKEN)
+            assert bulk_run is not None
+            bulk.apply_uniform_decode(bulk_run, k, TOKEN, _timing(k, float(step)))
+            for i in range(k):
+                _iterate(core, float(step + i))
+            assert _state(bulk) == _state(core)
+            checked += 1
+            continue
+        _iterate(core, float(step))
+    # The whole run completes and leaks nothing.
+    pool = core.scheduler.kv_cache_manager.block_pool
+    if not core.has_work() and not pending:
+        assert pool.get_num_free_blocks() == pool.num_gpu_blocks - 1
+
+
+def test_fast_path_applies_on_a_plain_decode_batch() -> None:
+    """A batch of decoding requests yields a run that stops before the first finish."""
+    config = EngineConfig(
+        scheduler=SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=8, max_model_len=512),
+        cache=CacheConfig(num_gpu_blocks=100, block_size=4),
+    )
+    core = EngineCore(config)
+    for i, max_tokens in enumerate((10, 20, 30)):
+        core.add_request(
+            Request(str(i), sampling_params=SamplingParams(max_tokens=max_tokens),
+                    prompt_token_ids=[i + 1] * 5, block_hasher=TokenBlockHasher(4)),
+            0.0,
+        )
+    _iterate(core, 0.0)  # prefill all three, first tokens sampled
+    run = core.find_uniform_decode_run(TOKEN)
+    assert run is not None
+    # request "0" has 1 output of 10: 8 more uniform iterations, the 9th finishes it
+    assert run.max_iterations == 8
+    assert run.context_sum == 15 and run.num_reqs == 3
+    assert core.find_uniform_decode_run(eos_like := TOKEN) is not None
+    del eos_like
