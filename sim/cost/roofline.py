@@ -185,4 +185,7 @@ class RooflineCostModel:
         io_bytes = 2.0 * num_reqs * hq * d * self.params.activation_bytes
         mem = (kv_tokens * self._kv_bytes_token_layer + io_bytes) / self._bw
         attn = np.maximum(flops / self._attn_flops_s, mem) + self.params.kernel_floor_s
-        return base.total_s - base.attention_s + self.model.num_layers * attn
+        # Same operations in the same order as step_time, so the values are bit-identical.
+        return base.linear_s + self.model.num_layers * attn + base.communication_s + (
+            base.overhead_s
+        )

@@ -1,0 +1,84 @@
+"""The request-path stages around the engine core: API servers and the output processor.
+
+Both are deterministic queues whose service times are known when work arrives, so they are
+computed in closed form instead of with one SimPy event per request:
+
+* ``APIServerPool`` — ``num_api_servers`` front-end processes serving requests first come, first
+  served (exactly a SimPy ``Resource(capacity=N)`` with FIFO requests): validation + chat
+  template + tokenization, then IPC to the engine core.
+* ``OutputProcessor`` — one serial stage that receives each engine step's outputs over IPC,
+  detokenizes them and streams the chunks to clients (vLLM's output handler); a step's outputs
+  reach their clients together when it finishes processing them.
+
+Requests are offered to the pool in send order and step outputs to the processor in update
+order, both nondecreasing in time, which is what makes the closed forms exact.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+from sim.config import FrontendConfig
+
+
+@dataclass(frozen=True, slots=True)
+class FrontendTimes:
+    """When one request passed the front end (seconds)."""
+
+    frontend_start_s: float  # an API-server process picked it up
+    tokenized_s: float  # template + tokenization done, sent to the engine
+    engine_arrival_s: float  # reached the engine core's input queue (after IPC)
+
+
+class APIServerPool:
+    """N identical front-end processes, FIFO."""
+
+    def __init__(self, cfg: FrontendConfig) -> None:
+        self.cfg = cfg
+        self._free_at = [0.0] * cfg.num_api_servers  # min-heap of process free times
+        self.busy_s = 0.0  # total CPU time spent (for utilisation)
+
+    def admit(self, arrival_s: float, num_prompt_tokens: int) -> FrontendTimes:
+        cfg = self.cfg
+        free = heapq.heappop(self._free_at)
+        start = arrival_s if arrival_s > free else free
+        cost = cfg.request_overhead_s + cfg.tokenize_s_per_token * num_prompt_tokens
+        done = start + cost
+        heapq.heappush(self._free_at, done)
+        self.busy_s += cost
+        return FrontendTimes(start, done, done + cfg.ipc_latency_s)
+
+
+class OutputProcessor:
+    """Serial detokenize-and-stream stage for engine step outputs."""
+
+    def __init__(self, cfg: FrontendConfig) -> None:
+        self.cfg = cfg
+        self._free_at = 0.0
+        self.busy_s = 0.0
+
+    def process(self, update_time_s: float, num_tokens: int) -> float:
+        """Outputs of a step applied at ``update_time_s``: when they reach the client."""
+        cfg = self.cfg
+        ready = update_time_s + cfg.ipc_latency_s
+        start = ready if ready > self._free_at else self._free_at
+        cost = cfg.output_batch_overhead_s + cfg.detokenize_s_per_token * num_tokens
+        self._free_at = start + cost
+        self.busy_s += cost
+        return self._free_at + cfg.network_latency_s
+
+    def process_many(self, update_times_s: list[float], num_tokens: int) -> list[float]:
+        """``process`` for consecutive steps of ``num_tokens`` tokens each."""
+        cfg = self.cfg
+        ipc, net = cfg.ipc_latency_s, cfg.network_latency_s
+        cost = cfg.output_batch_overhead_s + cfg.detokenize_s_per_token * num_tokens
+        free = self._free_at
+        out = []
+        for t in update_times_s:
+            ready = t + ipc
+            free = (ready if ready > free else free) + cost
+            out.append(free + net)
+        self._free_at = free
+        self.busy_s += cost * len(update_times_s)
+        return out
