@@ -19,8 +19,10 @@ from engine.core.errors import UserError
 
 #: Modules that contribute subcommands, in ``--help`` order.
 COMMAND_MODULES: tuple[str, ...] = (
-    "experiments.cmd_core",
+    "experiments.cmd_sim",
+    "experiments.cmd_reports",
     "experiments.cmd_real",
+    "experiments.cmd_core",
 )
 
 

@@ -35,11 +35,11 @@ from engine.core.engine_core import EngineCore, RunTiming
 from engine.core.events import EventKind, EventLog
 from engine.core.hashing import PrecomputedBlockHasher
 from engine.core.interfaces import CostModel
-from engine.core.outputs import EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
+from engine.core.outputs import BatchShape, EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
 from engine.core.request import Request, SamplingParams
 from sim.config import SimConfig, resolve_engine_config
 from sim.executor import PLACEHOLDER_TOKEN_ID, SimExecutor
-from sim.stages import APIServerPool, OutputProcessor
+from sim.stages import APIServerPool, FrontendTimes, OutputProcessor
 from sim.workload import Workload, build_workload
 
 #: Bulk runs shorter than this are executed step by step (finding one costs O(running)).
@@ -120,6 +120,9 @@ class SimRuntime:
         self._gpu_free_s = 0.0
         self._pending: dict[int, tuple[float, float, float]] = {}  # step -> start, end, cost
         self._params_cache: dict[int, SamplingParams] = {}
+        # Open loop: send times are known, so front-end times are computed ahead, in send order.
+        self._open_loop = self.workload.max_concurrency is None
+        self._frontend_times: list[FrontendTimes | None] = []
         self._num_done = 0
         sched = self.engine_config.scheduler
         self._max_model_len = sched.max_model_len
@@ -175,7 +178,7 @@ class SimRuntime:
         output_len = int(w.output_lens[i])
         log.record(req_id, EventKind.ARRIVAL, send_s, prompt_len)
         self._outstanding += 1
-        if prompt_len + output_len > self._max_model_len:
+        if self._rejects(i):
             reason = (
                 f"prompt ({prompt_len}) + max_tokens ({output_len}) exceeds max_model_len "
                 f"({self._max_model_len})"
@@ -186,13 +189,38 @@ class SimRuntime:
             log.record(req_id, EventKind.REJECTED, back, reason)
             self._request_done(back)
             return
-        times = self.api.admit(send_s + fe.network_latency_s, prompt_len)
+        times = self._admit(i, send_s)
         log.record(req_id, EventKind.FRONTEND_START, times.frontend_start_s)
         log.record(req_id, EventKind.TOKENIZED, times.tokenized_s)
         request = self._make_request(i, req_id, prompt_len, output_len, send_s)
         heapq.heappush(self._inputs, (times.engine_arrival_s, i, request))
         if self._engine_wake is not None and not self._engine_wake.triggered:
             self._engine_wake.succeed()
+
+    def _admit(self, i: int, send_s: float) -> FrontendTimes:
+        """Front-end times of request ``i`` (computed in send order; ahead of time when the
+        send times are known, so the engine's horizon can be the engine arrival itself)."""
+        if not self._open_loop:
+            return self.api.admit(send_s + self.cfg.frontend.network_latency_s,
+                                  int(self.workload.prompt_lens[i]))
+        self._admit_ahead(i)
+        times = self._frontend_times[i]
+        assert times is not None
+        return times
+
+    def _admit_ahead(self, i: int) -> None:
+        cached = self._frontend_times
+        while len(cached) <= i:
+            j = len(cached)
+            if self._rejects(j):
+                cached.append(None)
+                continue
+            send = float(self.workload.send_time_s[j]) + self.cfg.frontend.network_latency_s
+            cached.append(self.api.admit(send, int(self.workload.prompt_lens[j])))
+
+    def _rejects(self, i: int) -> bool:
+        w = self.workload
+        return int(w.prompt_lens[i]) + int(w.output_lens[i]) > self._max_model_len
 
     def _make_request(
         self, i: int, req_id: str, prompt_len: int, output_len: int, send_s: float
@@ -226,11 +254,18 @@ class SimRuntime:
             self._progress(self._num_done, len(self.workload), delivered_s)
 
     def _next_send_bound(self) -> float:
-        """Earliest time the client could send its next request."""
+        """Earliest time the client's next request could reach the engine (open loop: exactly
+        when it will; closed loop: not before its send)."""
         w = self.workload
-        if self._next_send >= len(w):
+        i = self._next_send
+        if i >= len(w):
             return math.inf
-        t = float(w.send_time_s[self._next_send])
+        if self._open_loop and not self._rejects(i):
+            self._admit_ahead(i)
+            times = self._frontend_times[i]
+            assert times is not None
+            return times.engine_arrival_s
+        t = float(w.send_time_s[i])
         limit = w.max_concurrency
         if limit is not None and self._outstanding >= limit:
             t = max(t, self._releases[0]) if self._releases else math.inf
@@ -332,7 +367,7 @@ class SimRuntime:
         n = run.num_reqs
         c_sched = fe.schedule_overhead_s + fe.schedule_s_per_request * n
         c_update = fe.update_overhead_s
-        costs = self._decode_costs(n, run.context_sum, run.context_max, run.max_iterations)
+        cost_of = self._decode_cost_fn(n, run.context_sum, run.context_max)
         sched_t: list[float] = []
         starts: list[float] = []
         ends: list[float] = []
@@ -348,25 +383,26 @@ class SimRuntime:
                 sched_t.append(t)
                 t1 = t + c_sched
                 update = t1 if t1 > prev_end else prev_end
-                start = update  # the GPU takes the new batch when free and submitted
-                end = start + costs[k]
+                cost = cost_of(k)
                 starts.append(prev_start)
                 ends.append(prev_end)
                 applied_costs.append(prev_cost)
                 updates.append(update)
-                prev_start, prev_end, prev_cost = start, end, costs[k]
+                # the GPU takes the new batch as soon as it is submitted and free
+                prev_start, prev_end, prev_cost = update, update + cost, cost
                 t = update + c_update
         else:
             for k in range(run.max_iterations):
                 if t >= horizon:
                     break
                 sched_t.append(t)
+                cost = cost_of(k)
                 start = t + c_sched
-                end = start + costs[k]
+                end = start + cost
                 starts.append(start)
                 ends.append(end)
                 updates.append(end)
-                applied_costs.append(costs[k])
+                applied_costs.append(cost)
                 t = end + c_update
         m = len(sched_t)
         if m < MIN_BULK_ITERATIONS:
@@ -389,17 +425,20 @@ class SimRuntime:
         self.stats.num_bulk_runs += 1
         return t
 
-    def _decode_costs(self, n: int, ctx_sum: int, ctx_max: int, k: int) -> list[float]:
+    def _decode_cost_fn(self, n: int, ctx_sum: int, ctx_max: int) -> Callable[[int], float]:
+        """Duration of the k-th step of a uniform decode run of ``n`` requests (contexts grow
+        by one per step); the cost model's ``decode_step_total`` when it has one (bit-identical
+        to ``step_time``, and faster)."""
         model = self.cost_model
-        bulk = getattr(model, "decode_step_times", None)
-        if bulk is not None:
-            return list(bulk(n, ctx_sum, k))
-        from engine.core.outputs import BatchShape
+        fast = getattr(model, "decode_step_total", None)
+        if fast is not None:
+            return lambda k: float(fast(n, ctx_sum + n * k))
 
-        return [
-            model.step_time(BatchShape(n, n, (), (), n, ctx_sum + n * i, ctx_max + i, n)).total_s
-            for i in range(k)
-        ]
+        def slow(k: int) -> float:
+            shape = BatchShape(n, n, (), (), n, ctx_sum + n * k, ctx_max + k, n)
+            return model.step_time(shape).total_s
+
+        return slow
 
 
 def run_simulation(

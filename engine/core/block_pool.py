@@ -167,10 +167,16 @@ class BlockPool:
                 f"cannot get {num_blocks} blocks: {self.free_queue.num_free_blocks} free"
             )
         blocks = self.free_queue.popleft_n(num_blocks)
-        ref_cnt, block_hash = self.ref_cnt, self.block_hash
+        ref_cnt, block_hash, table = self.ref_cnt, self.block_hash, self.hash_to_block
         for b in blocks:
-            if block_hash[b] is not None:
-                self._evict(b)
+            h = block_hash[b]
+            if h is not None:
+                entry = table.get(h)
+                if entry == b:  # the usual case: the only block under its hash
+                    del table[h]
+                    block_hash[b] = None
+                else:
+                    self._evict(b)
             ref_cnt[b] = 1
         return blocks
 

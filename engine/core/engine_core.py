@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from engine.core.config import EngineConfig
-from engine.core.events import EventKind, EventLog, StepRecord
+from engine.core.events import EventKind, EventLog
 from engine.core.fast_forward import (
     AppliedRun,
     UniformDecodeRun,
@@ -262,29 +262,33 @@ class EngineCore:
         out = flight.sched_out
         shape = out.batch_shape
         scheduler = self.scheduler
-        num_finished = sum(1 for o in outputs if o.finish_reason is not None)
-        self.event_log.record_step(
-            StepRecord(
-                step_id=out.step_id,
-                schedule_time_s=flight.schedule_time_s,
-                execute_start_s=flight.schedule_time_s if execute_start_s is None else execute_start_s,
-                execute_end_s=now if execute_end_s is None else execute_end_s,
-                update_time_s=now,
-                num_reqs=shape.num_reqs,
-                num_tokens=shape.num_tokens,
-                num_prefill_reqs=shape.num_prefill_reqs,
-                num_prefill_tokens=shape.num_prefill_tokens,
-                num_decode_reqs=shape.num_decode_reqs,
-                decode_context_sum=shape.decode_context_sum,
-                num_sampled_tokens=sum(len(o.new_token_ids) for o in outputs),
-                num_new_reqs=len(out.scheduled_new_reqs),
-                num_resumed_reqs=len(out.scheduled_cached_reqs.resumed_req_ids),
-                num_preempted_reqs=len(out.preempted_req_ids),
-                num_finished_reqs=num_finished,
-                num_running=len(scheduler.running),
-                num_waiting=len(scheduler.waiting),
-                kv_usage=scheduler.kv_cache_manager.usage,
-                admission_blocker=str(out.admission_blocker),
-                cost_s=0.0 if cost_s is None else cost_s,
-            )
-        )
+        num_finished = 0
+        num_sampled = 0
+        for o in outputs:
+            num_sampled += len(o.new_token_ids)
+            if o.finish_reason is not None:
+                num_finished += 1
+        # One row in STEP_COLUMNS order (see StepRecord for the meaning of each field).
+        self.event_log.record_step_row((
+            out.step_id,
+            flight.schedule_time_s,
+            flight.schedule_time_s if execute_start_s is None else execute_start_s,
+            now if execute_end_s is None else execute_end_s,
+            now,
+            shape.num_reqs,
+            shape.num_tokens,
+            len(shape.prefill_query_lens),
+            shape.num_tokens - shape.num_decode_reqs,
+            shape.num_decode_reqs,
+            shape.decode_context_sum,
+            num_sampled,
+            len(out.scheduled_new_reqs),
+            len(out.scheduled_cached_reqs.resumed_req_ids),
+            len(out.preempted_req_ids),
+            num_finished,
+            len(scheduler.running),
+            len(scheduler.waiting),
+            scheduler.kv_cache_manager.usage,
+            str(out.admission_blocker),
+            0.0 if cost_s is None else cost_s,
+        ))

@@ -109,6 +109,7 @@ class EventLog:
             )
             for name in STEP_COLUMNS
         }
+        self._step_rows: list[tuple[object, ...]] = []  # appended rows not yet in the columns
         self._delivered: dict[int, float] = {}
 
     # -- writing --------------------------------------------------------------------------------
@@ -159,12 +160,25 @@ class EventLog:
                 self._close_run(idx, run)
 
     def record_step(self, step: StepRecord) -> None:
-        cols = self._steps
-        for name in STEP_COLUMNS:
-            cols[name].append(getattr(step, name))  # type: ignore[arg-type]
+        self.record_step_row(tuple(getattr(step, name) for name in STEP_COLUMNS))
+
+    def record_step_row(self, row: tuple[object, ...]) -> None:
+        """One step as a tuple in ``STEP_COLUMNS`` order (the engine's cheap path)."""
+        self._step_rows.append(row)
+        if len(self._step_rows) >= 65536:
+            self._flush_step_rows()
+
+    def _flush_step_rows(self) -> None:
+        rows = self._step_rows
+        if not rows:
+            return
+        for name, values in zip(STEP_COLUMNS, zip(*rows, strict=True), strict=True):
+            self._steps[name].extend(values)  # type: ignore[arg-type]
+        self._step_rows = []
 
     def record_steps(self, columns: dict[str, list[object]]) -> None:
         """Append several steps at once: one equal-length list per ``StepRecord`` field."""
+        self._flush_step_rows()
         cols = self._steps
         lengths = {len(v) for v in columns.values()}
         if set(columns) != set(STEP_COLUMNS) or len(lengths) != 1:
@@ -184,7 +198,7 @@ class EventLog:
     # -- reading --------------------------------------------------------------------------------
     @property
     def num_steps(self) -> int:
-        return len(self._steps["step_id"])
+        return len(self._steps["step_id"]) + len(self._step_rows)
 
     def events_columns(self) -> dict[str, object]:
         """Stage events as columns: req_index, kind, time_s, payload."""
@@ -207,6 +221,7 @@ class EventLog:
         return {"req_index": req, "first_step": first, "num_tokens": count}
 
     def steps_columns(self) -> dict[str, object]:
+        self._flush_step_rows()
         return dict(self._steps)
 
     def delivered_times(self) -> dict[int, float]:
@@ -221,6 +236,7 @@ class EventLog:
             )
         ]
         if expand_tokens:
+            self._flush_step_rows()
             step_ids = self._steps["step_id"]
             update_times = self._steps["update_time_s"]
             time_of = dict(zip(step_ids, update_times, strict=True))

@@ -97,6 +97,10 @@ class RooflineCostModel:
         self._kv_bytes_token_layer = 2 * max(hkv / tp, 1) * d * w  # K and V of one token
         self._q_heads = hq / tp
         self._weight_bytes = w
+        # Memoised per-token-count terms (pure functions of their argument).
+        self._linear_memo: dict[int, float] = {}
+        self._lm_head_memo: dict[int, float] = {}
+        self._comm_memo: dict[int, float] = {}
 
     # -- pieces ---------------------------------------------------------------------------------
     def _gemm_time(self, tokens: float, k: float, n: float, num_copies: float = 1.0) -> float:
@@ -158,10 +162,19 @@ class RooflineCostModel:
         if shape.num_tokens == 0:
             return StepTime(total_s=0.0)
         layers = self.model.num_layers
-        linear = layers * self._linear_layer_time(shape.num_tokens)
-        linear += self._lm_head_time(shape.num_sampling_reqs)
+        t = shape.num_tokens
+        linear = self._linear_memo.get(t)
+        if linear is None:
+            linear = self._linear_memo[t] = layers * self._linear_layer_time(t)
+        rows = shape.num_sampling_reqs
+        lm_head = self._lm_head_memo.get(rows)
+        if lm_head is None:
+            lm_head = self._lm_head_memo[rows] = self._lm_head_time(rows)
+        linear += lm_head
         attention = layers * self._attention_layer_time(shape)
-        comm = layers * 2 * self._allreduce_time(shape.num_tokens)
+        comm = self._comm_memo.get(t)
+        if comm is None:
+            comm = self._comm_memo[t] = layers * 2 * self._allreduce_time(t)
         overhead = self.params.step_overhead_s + self.params.per_request_overhead_s * shape.num_reqs
         return StepTime(
             total_s=linear + attention + comm + overhead,
@@ -171,21 +184,28 @@ class RooflineCostModel:
             overhead_s=overhead,
         )
 
-    def decode_step_times(
-        self, num_reqs: int, context_sum_start: int, num_steps: int
-    ) -> np.ndarray:
-        """Durations of ``num_steps`` consecutive pure-decode steps of ``num_reqs`` requests
-        whose contexts each grow by one per step (vectorised ``step_time``; same values)."""
-        base = self.step_time(
-            BatchShape(num_reqs, num_reqs, (), (), num_reqs, 0, 0, num_reqs)
-        )
+    def decode_step_total(self, num_reqs: int, context_sum: int) -> float:
+        """``step_time(...).total_s`` of a pure-decode step of ``num_reqs`` requests whose
+        cached contexts sum to ``context_sum`` — the same operations in the same order, so the
+        value is bit-identical (the simulator's bulk decode runs rely on it)."""
+        layers = self.model.num_layers
+        linear = self._linear_memo.get(num_reqs)
+        if linear is None:
+            linear = self._linear_memo[num_reqs] = layers * self._linear_layer_time(num_reqs)
+        lm_head = self._lm_head_memo.get(num_reqs)
+        if lm_head is None:
+            lm_head = self._lm_head_memo[num_reqs] = self._lm_head_time(num_reqs)
+        linear += lm_head
         d, hq = self.model.head_dim, self._q_heads
-        kv_tokens = context_sum_start + num_reqs + num_reqs * np.arange(num_steps, dtype=np.float64)
+        kv_tokens = context_sum + num_reqs
         flops = 4.0 * hq * d * kv_tokens
         io_bytes = 2.0 * num_reqs * hq * d * self.params.activation_bytes
-        mem = (kv_tokens * self._kv_bytes_token_layer + io_bytes) / self._bw
-        attn = np.maximum(flops / self._attn_flops_s, mem) + self.params.kernel_floor_s
-        # Same operations in the same order as step_time, so the values are bit-identical.
-        return base.linear_s + self.model.num_layers * attn + base.communication_s + (
-            base.overhead_s
-        )
+        attn = max(
+            flops / self._attn_flops_s, (kv_tokens * self._kv_bytes_token_layer + io_bytes) / self._bw
+        ) + self.params.kernel_floor_s
+        attention = layers * attn
+        comm = self._comm_memo.get(num_reqs)
+        if comm is None:
+            comm = self._comm_memo[num_reqs] = layers * 2 * self._allreduce_time(num_reqs)
+        overhead = self.params.step_overhead_s + self.params.per_request_overhead_s * num_reqs
+        return linear + attention + comm + overhead

@@ -1,0 +1,118 @@
+"""``twinserve simulate``: one simulated run, ending in a report (an embedded default without
+arguments: Llama-3.1-8B on one H100 with vLLM 0.33.0's online defaults, serving the first 1000
+requests of the Azure 2023 conversation trace)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+from pathlib import Path
+from typing import Any
+
+from experiments.simconfig_cli import add_sim_flags, config_dict_from_args, load_experiment_file
+
+
+def _list_catalogs(args: argparse.Namespace) -> bool:
+    if args.list_models:
+        from sim.models import MODELS
+
+        print(f"{'model':<34} {'layers':>6} {'hidden':>6} {'heads':>5} {'kv':>3} {'params':>8}")
+        for m in MODELS.values():
+            print(f"{m.name:<34} {m.num_layers:>6} {m.hidden_size:>6} {m.num_heads:>5} "
+                  f"{m.num_kv_heads:>3} {m.total_params / 1e9:>7.1f}B")
+        return True
+    if args.list_gpus:
+        from sim.hardware import GPUS
+
+        print(f"{'gpu':<10} {'bf16 TFLOP/s':>12} {'HBM GB':>7} {'TB/s':>5} {'NVLink GB/s':>11}")
+        for g in GPUS.values():
+            print(f"{g.name:<10} {g.bf16_tflops:>12.0f} {g.memory_gb:>7.0f} "
+                  f"{g.memory_bw_tbps:>5.2f} {g.nvlink_gbps:>11.0f}")
+        return True
+    return False
+
+
+def default_out_dir(prefix: str = "simulate") -> Path:
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{prefix}-{stamp}"
+
+
+def run_meta(result: Any) -> dict[str, Any]:
+    """config.json content of a simulated run: everything needed to rerun it."""
+    from experiments.provenance import provenance
+
+    stats = result.stats
+    engine = result.engine_config
+    return {
+        "kind": "simulated",
+        "config": result.config.to_dict(),
+        "engine_config": {
+            "scheduler": {
+                k: getattr(engine.scheduler, k) for k in engine.scheduler.__dataclass_fields__
+            },
+            "cache": {k: getattr(engine.cache, k) for k in engine.cache.__dataclass_fields__},
+        },
+        "model_id": result.config.model,
+        "gpu": result.config.gpu,
+        "tensor_parallel_size": result.config.tensor_parallel_size,
+        "num_api_servers": result.config.frontend.num_api_servers,
+        "seed": result.config.seed,
+        "workload": {
+            "source": result.workload.source,
+            "num_prompts": len(result.workload),
+            "request_rate": result.workload.request_rate,
+            "burstiness": result.workload.burstiness,
+            "max_concurrency": result.workload.max_concurrency,
+        },
+        "stats": {k: float(getattr(stats, k)) for k in stats.__dataclass_fields__},
+        "reject_reasons": result.reject_reasons,
+        **provenance(),
+    }
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    if _list_catalogs(args):
+        return 0
+    from sim.config import SimConfig
+    from sim.runtime import run_simulation
+
+    base = load_experiment_file(args.config) if args.config else {}
+    cfg = SimConfig.from_dict(config_dict_from_args(args, base))
+    progress = args.progress if args.progress is not None else sys.stderr.isatty()
+    result = run_simulation(cfg, progress=progress)
+    out_dir = Path(args.out) if args.out else default_out_dir()
+    from experiments.reporting import finish_run
+
+    finish_run(result_log=result.event_log, meta=run_meta(result), out_dir=out_dir, args=args)
+    return 0
+
+
+def add_report_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("results")
+    g.add_argument("--out", help="run directory (default runs/simulate-<timestamp>)")
+    g.add_argument("--no-plots", action="store_true", help="skip plot rendering")
+    g.add_argument("--goodput", nargs="+", metavar="KEY:MS",
+                   help="SLOs for goodput, e.g. ttft:500 tpot:50 e2el:10000 (ms)")
+    g.add_argument("--metric-percentiles", default="99",
+                   help="comma-separated percentiles to report (vllm bench's default: 99)")
+    g.add_argument("--percentile-metrics", default="ttft,tpot,itl",
+                   help="metrics to report percentiles for (ttft,tpot,itl,e2el)")
+    g.add_argument("--format", choices=["parquet", "csv"], default="parquet",
+                   help="table format in the run directory")
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "simulate",
+        help="simulate serving a workload; prints the Serving Benchmark Result, writes a report",
+        description=__doc__,
+    )
+    p.add_argument("--config", help="TOML/JSON experiment file (flags override it)")
+    p.add_argument("--list-models", action="store_true", help="show the model catalog")
+    p.add_argument("--list-gpus", action="store_true", help="show the GPU catalog")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bar on stderr (default: when stderr is a terminal)")
+    add_sim_flags(p)
+    add_report_flags(p)
+    p.set_defaults(func=_simulate)

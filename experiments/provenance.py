@@ -1,0 +1,40 @@
+"""Provenance stamped into every run directory: version, git commit, date, Python."""
+
+from __future__ import annotations
+
+import datetime as dt
+import platform
+import subprocess
+from functools import cache
+from importlib import metadata
+from pathlib import Path
+
+
+@cache
+def git_commit() -> str | None:
+    """The checkout's commit (with ``-dirty`` when it has uncommitted changes), if any."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root, capture_output=True, text=True, timeout=5,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (sha + ("-dirty" if dirty else "")) or None
+
+
+def provenance() -> dict[str, str | None]:
+    try:
+        version = metadata.version("twinserve")
+    except metadata.PackageNotFoundError:
+        version = None
+    return {
+        "version": version,
+        "git_commit": git_commit(),
+        "date": dt.datetime.now().strftime("%Y%m%d-%H%M%S"),
+        "python": platform.python_version(),
+    }

@@ -1,0 +1,84 @@
+"""The common tail of every run (simulated or real): write the run directory and print results.
+
+Parses the vllm-bench-style result flags (``--goodput KEY:MS …``, ``--metric-percentiles``,
+``--percentile-metrics``) and hands the event log to ``reports.run_dir.write_run_dir``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from engine.core.errors import UserError
+from engine.core.events import EventLog
+
+GOODPUT_KEYS = ("ttft", "tpot", "e2el")
+PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")
+
+
+def parse_goodput(items: list[str] | None) -> dict[str, float] | None:
+    """``["ttft:500", "tpot:50"]`` -> {"ttft": 500.0, "tpot": 50.0} (milliseconds)."""
+    if not items:
+        return None
+    out: dict[str, float] = {}
+    for item in items:
+        key, sep, value = item.partition(":")
+        if not sep or key not in GOODPUT_KEYS:
+            raise UserError(
+                f"invalid --goodput entry {item!r}: use KEY:MS with KEY in {', '.join(GOODPUT_KEYS)}"
+            )
+        try:
+            ms = float(value)
+        except ValueError:
+            raise UserError(f"invalid --goodput value in {item!r}: not a number") from None
+        if ms < 0:
+            raise UserError(f"invalid --goodput value in {item!r}: must be >= 0")
+        out[key] = ms
+    return out
+
+
+def parse_percentiles(text: str) -> list[float]:
+    try:
+        values = [float(p) for p in text.split(",") if p.strip()]
+    except ValueError:
+        raise UserError(f"invalid --metric-percentiles {text!r}: comma-separated numbers") from None
+    if not values or any(not 0 < p < 100 for p in values):
+        raise UserError(f"invalid --metric-percentiles {text!r}: each must be in (0, 100)")
+    return values
+
+
+def parse_metrics(text: str) -> list[str]:
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in names if m not in PERCENTILE_METRICS]
+    if bad or not names:
+        raise UserError(
+            f"invalid --percentile-metrics {text!r}: choose from {', '.join(PERCENTILE_METRICS)}"
+        )
+    return names
+
+
+def finish_run(
+    *, result_log: EventLog, meta: dict[str, Any], out_dir: Path, args: argparse.Namespace
+) -> dict[str, Any]:
+    """Write the run directory (tables, summary, report) and print the summary."""
+    from reports.metrics import format_summary
+    from reports.run_dir import write_run_dir
+
+    summary = write_run_dir(
+        out_dir,
+        result_log,
+        meta,
+        goodput=parse_goodput(args.goodput),
+        percentiles=parse_percentiles(args.metric_percentiles),
+        percentile_metrics=parse_metrics(args.percentile_metrics),
+        plots=not args.no_plots,
+        file_format=args.format,
+    )
+    print(format_summary(summary))
+    diagnosis = summary.get("diagnosis")
+    if isinstance(diagnosis, dict) and diagnosis.get("text"):
+        print(f"\nDiagnosis: {diagnosis['text']}")
+    print(f"\nRun directory: {out_dir}", file=sys.stderr)
+    return summary

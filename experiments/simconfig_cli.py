@@ -1,0 +1,145 @@
+"""Build a ``SimConfig`` from command-line flags and/or a TOML/JSON experiment file.
+
+Flags mirror vLLM's engine arguments (``--max-num-batched-tokens``, ``--enable-prefix-caching``,
+``--tensor-parallel-size`` …) and ``vllm bench serve``'s workload arguments (``--request-rate``,
+``--dataset-name`` …). Every flag maps to one field of ``SimConfig`` (``FLAG_FIELDS``); a flag the
+user gives overrides the experiment file, which overrides the defaults. The same table lets
+``twinserve sweep`` accept any of these keys.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from engine.core.errors import UserError
+
+#: argparse dest -> (section or None for top level, SimConfig field)
+FLAG_FIELDS: dict[str, tuple[str | None, str]] = {
+    "model": (None, "model"),
+    "gpu": (None, "gpu"),
+    "tensor_parallel_size": (None, "tensor_parallel_size"),
+    "gpu_memory_utilization": (None, "gpu_memory_utilization"),
+    "num_gpu_blocks_override": (None, "num_gpu_blocks"),
+    "max_model_len": (None, "max_model_len"),
+    "cost_model": (None, "cost_model"),
+    "seed": (None, "seed"),
+    "fast_path": (None, "fast_path"),
+    "max_num_batched_tokens": ("engine", "max_num_batched_tokens"),
+    "max_num_seqs": ("engine", "max_num_seqs"),
+    "enable_chunked_prefill": ("engine", "enable_chunked_prefill"),
+    "long_prefill_token_threshold": ("engine", "long_prefill_token_threshold"),
+    "scheduling_policy": ("engine", "policy"),
+    "scheduler_reserve_full_isl": ("engine", "scheduler_reserve_full_isl"),
+    "async_scheduling": ("engine", "async_scheduling"),
+    "block_size": ("engine", "block_size"),
+    "enable_prefix_caching": ("engine", "enable_prefix_caching"),
+    "api_server_count": ("frontend", "num_api_servers"),
+    "dataset_name": ("workload", "dataset_name"),
+    "dataset_path": ("workload", "dataset_path"),
+    "num_prompts": ("workload", "num_prompts"),
+    "request_rate": ("workload", "request_rate"),
+    "burstiness": ("workload", "burstiness"),
+    "max_concurrency": ("workload", "max_concurrency"),
+    "random_input_len": ("workload", "random_input_len"),
+    "random_output_len": ("workload", "random_output_len"),
+    "random_range_ratio": ("workload", "random_range_ratio"),
+    "random_prefix_len": ("workload", "random_prefix_len"),
+    "prefix_repetition_prefix_len": ("workload", "prefix_repetition_prefix_len"),
+    "prefix_repetition_suffix_len": ("workload", "prefix_repetition_suffix_len"),
+    "prefix_repetition_num_prefixes": ("workload", "prefix_repetition_num_prefixes"),
+    "prefix_repetition_output_len": ("workload", "prefix_repetition_output_len"),
+    "trace_time_scale": ("workload", "trace_time_scale"),
+}
+
+#: The embedded default run of ``twinserve simulate`` with no arguments.
+DEFAULT_DATASET = {"dataset_name": "trace", "dataset_path": "azure-conv", "num_prompts": 1000}
+
+
+def add_sim_flags(p: argparse.ArgumentParser) -> None:
+    """Engine, model/hardware and workload flags (all default to None = not given)."""
+    bool_flag = argparse.BooleanOptionalAction
+    g = p.add_argument_group("model and hardware")
+    g.add_argument("--model", help="catalog model (Hugging Face id, e.g. meta-llama/Llama-3.1-8B)")
+    g.add_argument("--gpu", help="catalog GPU: h100-sxm, h200-sxm, a100-80gb")
+    g.add_argument("--tensor-parallel-size", "-tp", type=int)
+    g.add_argument("--gpu-memory-utilization", type=float)
+    g.add_argument("--num-gpu-blocks-override", type=int, help="KV blocks incl. the null block")
+    g.add_argument("--max-model-len", type=int)
+    g.add_argument("--cost-model", help="roofline (default) or fitted:PATH")
+    g = p.add_argument_group("engine (vLLM's names and defaults)")
+    g.add_argument("--max-num-batched-tokens", type=int, help="token budget per step")
+    g.add_argument("--max-num-seqs", type=int)
+    g.add_argument("--enable-chunked-prefill", action=bool_flag, default=None)
+    g.add_argument("--long-prefill-token-threshold", type=int)
+    g.add_argument("--scheduling-policy", choices=["fcfs", "priority"])
+    g.add_argument("--scheduler-reserve-full-isl", action=bool_flag, default=None)
+    g.add_argument("--async-scheduling", action=bool_flag, default=None)
+    g.add_argument("--block-size", type=int)
+    g.add_argument("--enable-prefix-caching", action=bool_flag, default=None)
+    g.add_argument("--api-server-count", type=int, help="front-end processes")
+    g = p.add_argument_group("workload (vllm bench serve's names)")
+    g.add_argument("--dataset-name", choices=["random", "prefix_repetition", "trace"])
+    g.add_argument("--dataset-path", help="trace file, or azure-conv, azure-code, "
+                   "mooncake-conversation, mooncake-synthetic")
+    g.add_argument("--num-prompts", type=int)
+    g.add_argument("--request-rate", type=float, help="requests/s (inf = all at once)")
+    g.add_argument("--burstiness", type=float)
+    g.add_argument("--max-concurrency", type=int)
+    g.add_argument("--random-input-len", type=int)
+    g.add_argument("--random-output-len", type=int)
+    g.add_argument("--random-range-ratio", type=float)
+    g.add_argument("--random-prefix-len", type=int)
+    g.add_argument("--prefix-repetition-prefix-len", type=int)
+    g.add_argument("--prefix-repetition-suffix-len", type=int)
+    g.add_argument("--prefix-repetition-num-prefixes", type=int)
+    g.add_argument("--prefix-repetition-output-len", type=int)
+    g.add_argument("--trace-time-scale", type=float, help="replay a trace this many times faster")
+    g.add_argument("--seed", type=int)
+    g.add_argument("--fast-path", action=bool_flag, default=None,
+                   help="bulk-apply identical decode steps (exact; default on)")
+
+
+def load_experiment_file(path: str) -> dict[str, Any]:
+    """A TOML or JSON file holding a SimConfig dict (sections engine, frontend, workload…)."""
+    p = Path(path)
+    try:
+        text = p.read_bytes()
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        if p.suffix == ".json":
+            data = json.loads(text)
+        else:
+            data = tomllib.loads(text.decode())
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path} is not valid {'JSON' if p.suffix == '.json' else 'TOML'}: "
+                        f"{exc}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a table/object at the top level")
+    return data
+
+
+def config_dict_from_args(args: argparse.Namespace, base: dict[str, Any]) -> dict[str, Any]:
+    """Overlay the flags the user gave on ``base`` (a SimConfig dict)."""
+    out: dict[str, Any] = {k: (dict(v) if isinstance(v, dict) else v) for k, v in base.items()}
+    for dest, (section, name) in FLAG_FIELDS.items():
+        value = getattr(args, dest, None)
+        if value is None:
+            continue
+        if section is None:
+            out[name] = value
+        else:
+            out.setdefault(section, {})[name] = value
+    work = out.setdefault("workload", {})
+    if "dataset_name" not in work and "dataset_path" not in work:
+        for key, value in DEFAULT_DATASET.items():
+            work.setdefault(key, value)
+    if work.get("dataset_name") == "trace" and "request_rate" in work:
+        rate = work["request_rate"]
+        work["trace_rate_given"] = not (isinstance(rate, float) and math.isnan(rate))
+    return out
