@@ -136,9 +136,12 @@ def config_dict_from_args(args: argparse.Namespace, base: dict[str, Any]) -> dic
         else:
             out.setdefault(section, {})[name] = value
     work = out.setdefault("workload", {})
-    if "dataset_name" not in work and "dataset_path" not in work:
-        for key, value in DEFAULT_DATASET.items():
-            work.setdefault(key, value)
+    if "dataset_name" not in work:
+        if "dataset_path" in work:
+            work["dataset_name"] = "trace"  # a file implies a trace
+        else:
+            for key, value in DEFAULT_DATASET.items():
+                work.setdefault(key, value)
     if work.get("dataset_name") == "trace" and "request_rate" in work:
         rate = work["request_rate"]
         work["trace_rate_given"] = not (isinstance(rate, float) and math.isnan(rate))

@@ -120,6 +120,8 @@ class WorkloadConfig:
             or self.prefix_repetition_output_len < 1
         ):
             bad("prefix_repetition lengths must give prompts and outputs of >= 1 token")
+        if self.dataset_name != "trace" and self.dataset_path:
+            bad(f"dataset_path is only used with dataset 'trace' (dataset is {self.dataset_name!r})")
         if self.dataset_name == "trace" and not self.dataset_path:
             bad(f"dataset 'trace' needs dataset_path (a file or one of {', '.join(TRACES)})")
         if not self.trace_time_scale > 0:

@@ -1,0 +1,131 @@
+"""Workloads: vllm bench serve's arrival process and datasets, and trace loading."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sim.workload import (
+    WorkloadConfig,
+    WorkloadError,
+    build_workload,
+    load_trace,
+    synthetic_send_times,
+)
+
+
+def test_poisson_arrivals_rescaled_to_end_at_n_over_rate() -> None:
+    t = synthetic_send_times(1000, 4.0, 1.0, seed=0)
+    assert t[-1] == pytest.approx(250.0)
+    assert (np.diff(t) >= 0).all()
+    gaps = np.diff(t)
+    assert gaps.mean() == pytest.approx(0.25, rel=0.1)
+    assert gaps.std() / gaps.mean() == pytest.approx(1.0, rel=0.15)  # exponential: cv = 1
+
+
+def test_burstiness_is_the_gamma_shape() -> None:
+    smooth = np.diff(synthetic_send_times(4000, 10.0, 4.0, seed=1))
+    bursty = np.diff(synthetic_send_times(4000, 10.0, 0.25, seed=1))
+    assert smooth.std() / smooth.mean() == pytest.approx(0.5, rel=0.1)  # cv = 1/sqrt(k)
+    assert bursty.std() / bursty.mean() == pytest.approx(2.0, rel=0.15)
+
+
+def test_arrivals_match_vllm_bench_draws() -> None:
+    # vllm bench: np.random.seed(seed); gamma draws; cumsum; rescale to n/rate
+    n, rate, k, seed = 50, 2.0, 1.0, 42
+    np.random.seed(seed)
+    delays = np.cumsum([np.random.gamma(shape=k, scale=1 / (rate * k)) for _ in range(n)])
+    expected = delays * (n / rate) / delays[-1]
+    assert np.allclose(synthetic_send_times(n, rate, k, seed), expected, rtol=0, atol=1e-12)
+
+
+def test_infinite_rate_sends_everything_at_zero() -> None:
+    assert (synthetic_send_times(5, math.inf, 1.0, 0) == 0).all()
+
+
+def test_random_dataset_lengths() -> None:
+    w = build_workload(WorkloadConfig(dataset_name="random", num_prompts=2000, random_input_len=100,
+                                      random_output_len=10, random_range_ratio=0.5,
+                                      random_prefix_len=32))
+    assert w.prompt_lens.min() >= 50 + 32 and w.prompt_lens.max() <= 150 + 32
+    assert w.output_lens.min() >= 5 and w.output_lens.max() <= 15
+    assert list(w.prompt_block_keys(3, 16)) == [("pfx", 0, 0), ("pfx", 0, 1)]
+
+
+def test_prefix_repetition_shares_prefix_blocks() -> None:
+    w = build_workload(WorkloadConfig(dataset_name="prefix_repetition", num_prompts=20,
+                                      prefix_repetition_prefix_len=40,
+                                      prefix_repetition_num_prefixes=4))
+    assert len(w) == 20 and sorted(np.bincount(w.shared_prefix_ids)) == [5, 5, 5, 5]
+    keys = [tuple(w.prompt_block_keys(i, 16)) for i in range(20)]
+    assert all(len(k) == 2 for k in keys)  # floor(40 / 16) shared blocks
+    assert len(set(keys)) == 4
+
+
+def test_azure_and_mooncake_traces_load() -> None:
+    az = load_trace("azure-conv")
+    assert len(az.prompt_lens) == 19366 and az.arrival_s[0] == 0 and (np.diff(az.arrival_s) >= 0).all()
+    mc = build_workload(WorkloadConfig(dataset_name="trace", dataset_path="mooncake-conversation",
+                                       num_prompts=50))
+    assert mc.hash_ids is not None and len(mc) == 50
+    # requests 0 and 1 share their first 512-token block (hash id 0): 32 blocks of 16
+    k0, k1 = mc.prompt_block_keys(0, 16), mc.prompt_block_keys(1, 16)
+    assert k0[:32] == k1[:32] and k0[32] != k1[32]
+
+
+def test_request_stream_csv_and_time_scale(tmp_path: Path) -> None:
+    f = tmp_path / "s.csv"
+    f.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n1.0,10,2\n3.0,20,4\n")
+    w = build_workload(WorkloadConfig(dataset_name="trace", dataset_path=str(f), num_prompts=10,
+                                      trace_time_scale=2.0))
+    assert list(w.send_time_s) == [0.0, 1.0] and list(w.prompt_lens) == [10, 20]
+
+
+def test_trace_lengths_with_synthetic_arrivals(tmp_path: Path) -> None:
+    w = build_workload(WorkloadConfig(dataset_name="trace", dataset_path="azure-code",
+                                      num_prompts=100, request_rate=5.0, trace_rate_given=True))
+    assert w.send_time_s[-1] == pytest.approx(20.0) and len(w) == 100
+
+
+@pytest.mark.parametrize(
+    ("content", "match"),
+    [
+        ("arrived_at,num_prefill_tokens\n1,2\n", "missing column.*num_decode_tokens"),
+        ("TIMESTAMP,ContextTokens\n2023-11-16 18:15:46.68,3\n", "missing column.*GeneratedTokens"),
+        ("arrived_at,num_prefill_tokens,num_decode_tokens\n1,x,2\n", "non-number"),
+        ("arrived_at,num_prefill_tokens,num_decode_tokens\n", "no requests"),
+        ("arrived_at,num_prefill_tokens,num_decode_tokens\n1,0,2\n", "fewer than 1 token"),
+    ],
+)
+def test_bad_trace_files(tmp_path: Path, content: str, match: str) -> None:
+    f = tmp_path / "bad.csv"
+    f.write_text(content)
+    with pytest.raises(WorkloadError, match=match):
+        load_trace(str(f))
+
+
+def test_bad_mooncake_row(tmp_path: Path) -> None:
+    f = tmp_path / "bad.jsonl"
+    f.write_text('{"timestamp": 0, "input_length": 10}\n')
+    with pytest.raises(WorkloadError, match="bad.jsonl:1: Mooncake rows need"):
+        load_trace(str(f))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"request_rate": -1.0}, "request_rate must be > 0"),
+        ({"burstiness": 0.0}, "burstiness must be > 0"),
+        ({"num_prompts": 0}, "num_prompts must be >= 1"),
+        ({"dataset_name": "sharegpt"}, "unknown dataset 'sharegpt'; valid"),
+        ({"dataset_name": "trace"}, "needs dataset_path"),
+        ({"dataset_name": "trace", "dataset_path": "nope.csv"}, "not found"),
+        ({"random_range_ratio": 1.5}, "random_range_ratio"),
+    ],
+)
+def test_bad_workload_configs(kwargs: dict, match: str) -> None:
+    with pytest.raises(WorkloadError, match=match):
+        build_workload(WorkloadConfig(**kwargs))
