@@ -206,6 +206,7 @@ class SimRuntime:
         self._admit_ahead(i)
         times = self._frontend_times[i]
         assert times is not None
+        self._frontend_times[i] = None  # read once: keep memory flat at a million requests
         return times
 
     def _admit_ahead(self, i: int) -> None:

@@ -104,7 +104,8 @@ class EventLog:
         self._steps: dict[str, array[int] | array[float] | list[str]] = {
             name: (
                 [] if name == "admission_blocker"
-                else array("q") if name in _INT_STEP_COLUMNS
+                else array("q") if name in ("step_id", "decode_context_sum")
+                else array("i") if name in _INT_STEP_COLUMNS
                 else array("d")
             )
             for name in STEP_COLUMNS
