@@ -17,6 +17,7 @@ Two tiers:
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -117,12 +118,12 @@ def _check_device(device: torch.device, **tensors: torch.Tensor) -> None:
 
 def _check_host_int(name: str, value: object, minimum: int) -> int:
     _require(
-        isinstance(value, int) and not isinstance(value, bool),
+        isinstance(value, numbers.Integral) and not isinstance(value, bool),
         f"{name} must be a host-side Python int (no device tensor), got {type(value).__name__}",
     )
-    assert isinstance(value, int)
-    _require(value >= minimum, f"{name} must be >= {minimum}, got {value}")
-    return value
+    number = int(value)  # type: ignore[call-overload]
+    _require(number >= minimum, f"{name} must be >= {minimum}, got {number}")
+    return number
 
 
 def _check_cache_pair(k_cache: object, v_cache: object) -> tuple[torch.Tensor, torch.Tensor]:
@@ -197,11 +198,13 @@ def validate_attention_inputs(
     _check_device(q.device, k_cache=k, v_cache=v, block_table=bt, seq_lens=sl,
                   query_start_loc=qsl)
     _require(
-        isinstance(scale, float | int) and not isinstance(scale, bool),
+        isinstance(scale, numbers.Real) and not isinstance(scale, bool),
         f"scale must be a Python float, got {type(scale).__name__}",
     )
-    assert isinstance(scale, float | int)
-    _require(0.0 < float(scale) < float("inf"), f"scale must be finite and > 0, got {scale}")
+    _require(
+        0.0 < float(scale) < float("inf"),  # type: ignore[arg-type]
+        f"scale must be finite and > 0, got {scale}",
+    )
     dims = AttentionDims(
         num_tokens=num_tokens,
         num_seqs=num_seqs,
@@ -328,7 +331,7 @@ def _check_block_ids(dims: AttentionDims, block_table: torch.Tensor, lens: list[
         ids = block_table[seq, :used]
         low, high = int(ids.min()), int(ids.max())
         _require(
-            0 <= low and high < dims.num_blocks,
+            low >= 0 and high < dims.num_blocks,
             f"block_table row {seq} uses block ids in [{low}, {high}] outside the cache's "
             f"{dims.num_blocks} blocks",
         )
@@ -338,11 +341,8 @@ def check_cache_values(dims: CacheDims, slot_mapping: torch.Tensor) -> None:
     """Check that every non-negative slot addresses the cache (reads ``slot_mapping``)."""
     if dims.num_tokens == 0:
         return
-    num_slots = dims.num_blocks * dims.block_size
-    valid = slot_mapping[slot_mapping >= 0]
-    if valid.numel() == 0:
-        return
-    high = int(valid.max())
-    _require(high < num_slots, f"slot_mapping holds slot {high} but the cache has {num_slots}")
     low = int(slot_mapping.min())
     _require(low >= -1, f"slot_mapping holds {low}; only -1 marks a skipped token")
+    high = int(slot_mapping.max())
+    num_slots = dims.num_blocks * dims.block_size
+    _require(high < num_slots, f"slot_mapping holds slot {high} but the cache has {num_slots}")
