@@ -23,6 +23,9 @@ FLAG_FIELDS: dict[str, tuple[str | None, str]] = {
     "model": (None, "model"),
     "gpu": (None, "gpu"),
     "tensor_parallel_size": (None, "tensor_parallel_size"),
+    "data_parallel_size": (None, "data_parallel_size"),
+    "router": (None, "router"),
+    "router_load_cap": (None, "router_load_cap"),
     "gpu_memory_utilization": (None, "gpu_memory_utilization"),
     "num_gpu_blocks_override": (None, "num_gpu_blocks"),
     "max_model_len": (None, "max_model_len"),
@@ -67,6 +70,11 @@ def add_sim_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model", help="catalog model (Hugging Face id, e.g. meta-llama/Llama-3.1-8B)")
     g.add_argument("--gpu", help="catalog GPU: h100-sxm, h200-sxm, a100-80gb")
     g.add_argument("--tensor-parallel-size", "-tp", type=int)
+    g.add_argument("--data-parallel-size", "-dp", type=int, help="engine replicas")
+    g.add_argument("--router", help="replica router: vllm (default), round_robin, "
+                   "least_outstanding, least_kv, prefix_aware")
+    g.add_argument("--router-load-cap", type=int,
+                   help="prefix_aware: extra in-flight requests tolerated for a better hit")
     g.add_argument("--gpu-memory-utilization", type=float)
     g.add_argument("--num-gpu-blocks-override", type=int, help="KV blocks incl. the null block")
     g.add_argument("--max-model-len", type=int)

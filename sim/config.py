@@ -111,6 +111,9 @@ class SimConfig:
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     roofline: RooflineParams = field(default_factory=RooflineParams)
     cost_model: str = "roofline"  # "roofline" or "fitted:PATH"
+    data_parallel_size: int = 1  # engine replicas behind the shared API servers
+    router: str = "vllm"  # how requests pick a replica (sim/cluster.py)
+    router_load_cap: int = 8  # prefix_aware: max extra in-flight requests for a better hit
     seed: int = 0
     fast_path: bool = True  # exact bulk application of identical decode steps
 
@@ -119,6 +122,12 @@ class SimConfig:
             raise ConfigError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
             )
+        if self.data_parallel_size < 1:
+            raise ConfigError(f"data_parallel_size must be >= 1, got {self.data_parallel_size}")
+        from sim.cluster import ROUTERS
+
+        if self.router not in ROUTERS:
+            raise ConfigError(f"unknown router {self.router!r}; valid: {', '.join(ROUTERS)}")
         if self.tensor_parallel_size < 1:
             raise ConfigError(
                 f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}"

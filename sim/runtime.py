@@ -31,19 +31,16 @@ from dataclasses import dataclass, field
 import simpy
 
 from engine.core.config import EngineConfig
-from engine.core.engine_core import EngineCore, RunTiming
 from engine.core.events import EventKind, EventLog
 from engine.core.hashing import PrecomputedBlockHasher
 from engine.core.interfaces import CostModel
-from engine.core.outputs import BatchShape, EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
 from engine.core.request import Request, SamplingParams
+from sim.cluster import ReplicaView, Router, make_router
 from sim.config import SimConfig, resolve_engine_config
-from sim.executor import PLACEHOLDER_TOKEN_ID, SimExecutor
-from sim.stages import APIServerPool, FrontendTimes, OutputProcessor
+from sim.replica import STEP_ID_STRIDE, EngineReplica
+from sim.stages import APIServerPool, FrontendTimes
 from sim.workload import Workload, build_workload
 
-#: Bulk runs shorter than this are executed step by step (finding one costs O(running)).
-MIN_BULK_ITERATIONS = 2
 
 
 @dataclass(slots=True)
@@ -101,24 +98,33 @@ class SimRuntime:
         self.engine_config = resolve_engine_config(cfg)
         self.workload = workload if workload is not None else build_workload(cfg.workload)
         self.cost_model = cost_model if cost_model is not None else make_cost_model(cfg)
-        self.executor = SimExecutor(self.cost_model)
         self.log = EventLog()
-        self.core = EngineCore(self.engine_config, self.log)
+        self.replicas = [
+            EngineReplica(
+                r, self.engine_config, self.cost_model, cfg.frontend, self.log,
+                self._request_done, fast_path=cfg.fast_path,
+            )
+            for r in range(cfg.data_parallel_size)
+        ]
+        self.router: Router | None = (
+            make_router(cfg.router, cfg.router_load_cap) if cfg.data_parallel_size > 1 else None
+        )
         self.api = APIServerPool(cfg.frontend)
-        self.out = OutputProcessor(cfg.frontend)
         self.env = simpy.Environment()
         self.stats = SimStats(num_requests=len(self.workload))
         self.reject_reasons: dict[str, str] = {}
         self._progress = progress
-        # engine inputs: (engine arrival time, seq, request)
-        self._inputs: list[tuple[float, int, Request]] = []
         self._next_send = 0  # index of the next request the client sends
         self._outstanding = 0  # sent, not yet fully delivered (closed loop)
         self._releases: list[float] = []  # future times at which a closed-loop slot frees
-        self._engine_wake: simpy.Event | None = None
+        self._engine_wake: list[simpy.Event | None] = [None] * len(self.replicas)
         self._client_wake: simpy.Event | None = None
-        self._gpu_free_s = 0.0
-        self._pending: dict[int, tuple[float, float, float]] = {}  # step -> start, end, cost
+        # Requests through the API server, awaiting the router: (tokenized time, seq, request)
+        self._to_route: list[tuple[float, int, Request]] = []
+        self._router_wake: simpy.Event | None = None
+        self._routed_to: dict[str, int] = {}
+        self._in_flight_per_replica = [0] * len(self.replicas)
+        self._completions: list[tuple[float, int]] = []  # (delivered time, replica) to count
         self._params_cache: dict[int, SamplingParams] = {}
         # Open loop: send times are known, so front-end times are computed ahead, in send order.
         self._open_loop = self.workload.max_concurrency is None
@@ -133,14 +139,21 @@ class SimRuntime:
     def run(self) -> SimResult:
         t0 = time.perf_counter()
         self.env.process(self._client())
-        self.env.process(self._engine())
+        if self.router is not None:
+            self.env.process(self._router_process())
+        for replica in self.replicas:
+            self.env.process(self._engine(replica))
         self.env.run()
+        if len(self.replicas) > 1:
+            self.log.compact_step_ids(STEP_ID_STRIDE)
         stats = self.stats
         stats.wall_time_s = time.perf_counter() - t0
-        stats.simulated_time_s = self.env.now
+        stats.simulated_time_s = float(self.env.now)
         stats.num_steps = self.log.num_steps
+        stats.num_bulk_steps = sum(r.num_bulk_steps for r in self.replicas)
+        stats.num_bulk_runs = sum(r.num_bulk_runs for r in self.replicas)
         stats.api_server_busy_s = self.api.busy_s
-        stats.output_processor_busy_s = self.out.busy_s
+        stats.output_processor_busy_s = sum(r.out.busy_s for r in self.replicas)
         return SimResult(
             self.cfg, self.engine_config, self.workload, self.log, stats, self.reject_reasons
         )
@@ -187,15 +200,24 @@ class SimRuntime:
             self.stats.num_rejected += 1
             back = send_s + 2 * fe.network_latency_s
             log.record(req_id, EventKind.REJECTED, back, reason)
-            self._request_done(back)
+            self._count_done(back)
             return
         times = self._admit(i, send_s)
         log.record(req_id, EventKind.FRONTEND_START, times.frontend_start_s)
         log.record(req_id, EventKind.TOKENIZED, times.tokenized_s)
         request = self._make_request(i, req_id, prompt_len, output_len, send_s)
-        heapq.heappush(self._inputs, (times.engine_arrival_s, i, request))
-        if self._engine_wake is not None and not self._engine_wake.triggered:
-            self._engine_wake.succeed()
+        if self.router is None:
+            self._enqueue(0, times.engine_arrival_s, i, request)
+        else:
+            heapq.heappush(self._to_route, (times.tokenized_s, i, request))
+            if self._router_wake is not None and not self._router_wake.triggered:
+                self._router_wake.succeed()
+
+    def _enqueue(self, replica: int, arrival_s: float, seq: int, request: Request) -> None:
+        self.replicas[replica].push(arrival_s, seq, request)
+        wake = self._engine_wake[replica]
+        if wake is not None and not wake.triggered:
+            wake.succeed()
 
     def _admit(self, i: int, send_s: float) -> FrontendTimes:
         """Front-end times of request ``i`` (computed in send order; ahead of time when the
@@ -244,8 +266,14 @@ class SimRuntime:
             block_hasher=hasher,
         )
 
-    def _request_done(self, delivered_s: float) -> None:
-        """A request's last chunk reached its client: free its closed-loop slot then."""
+    def _request_done(self, req_id: str, delivered_s: float) -> None:
+        """A request's last chunk reached its client."""
+        replica = self._routed_to.pop(req_id, None)
+        if replica is not None:
+            heapq.heappush(self._completions, (delivered_s, replica))
+        self._count_done(delivered_s)
+
+    def _count_done(self, delivered_s: float) -> None:
         self._num_done += 1
         if self.workload.max_concurrency is not None:
             heapq.heappush(self._releases, delivered_s)
@@ -265,181 +293,89 @@ class SimRuntime:
             self._admit_ahead(i)
             times = self._frontend_times[i]
             assert times is not None
-            return times.engine_arrival_s
+            return times.engine_arrival_s if self.router is None else times.tokenized_s
         t = float(w.send_time_s[i])
         limit = w.max_concurrency
         if limit is not None and self._outstanding >= limit:
             t = max(t, self._releases[0]) if self._releases else math.inf
         return t
 
-    # -- the engine -----------------------------------------------------------------------------
-    def _engine(self):  # type: ignore[no-untyped-def]
-        env, core = self.env, self.core
+    # -- the router (data-parallel runs only) ---------------------------------------------------
+    def _router_process(self):  # type: ignore[no-untyped-def]
+        env = self.env
+        ipc = self.cfg.frontend.ipc_latency_s
+        while True:
+            if not self._to_route:
+                if self._next_send >= len(self.workload):
+                    return
+                self._router_wake = env.event()
+                yield self._router_wake
+                self._router_wake = None
+                continue
+            t = self._to_route[0][0]
+            if t > env.now:
+                yield env.timeout(t - env.now)
+                continue
+            _, seq, request = heapq.heappop(self._to_route)
+            replica = self._route(request, env.now)
+            self._enqueue(replica, env.now + ipc, seq, request)
+
+    def _route(self, request: Request, now: float) -> int:
+        assert self.router is not None
+        completions = self._completions
+        while completions and completions[0][0] <= now:
+            _, r = heapq.heappop(completions)
+            self._in_flight_per_replica[r] -= 1
+        views = []
+        for replica in self.replicas:
+            running, waiting, usage = replica.reported_state(now)
+            kv = replica.core.scheduler.kv_cache_manager
+            views.append(ReplicaView(
+                index=replica.index,
+                num_outstanding=self._in_flight_per_replica[replica.index],
+                num_running=running,
+                num_waiting=waiting,
+                kv_usage=usage,
+                cached_prefix_tokens=lambda req, kv=kv: kv.get_computed_blocks(req)[1],
+            ))
+        chosen = self.router.choose(request, views)
+        self._in_flight_per_replica[chosen] += 1
+        self._routed_to[request.req_id] = chosen
+        return chosen
+
+    # -- the engines ----------------------------------------------------------------------------
+    def _engine(self, replica: EngineReplica):  # type: ignore[no-untyped-def]
+        env, core = self.env, replica.core
         now = 0.0  # the engine's own clock; may run ahead of env.now up to the horizon
         while True:
             if now < env.now:
                 now = env.now
-            self._drain(now)
+            replica.drain(now)
             if not core.has_work():
-                if self._next_send >= len(self.workload) and not self._inputs:
+                if (self._next_send >= len(self.workload) and not replica.inputs
+                        and not self._to_route):
                     return
-                if self._inputs:
-                    now = max(now, self._inputs[0][0])
+                if replica.inputs:
+                    now = max(now, replica.next_input_s())
                     yield env.timeout(now - env.now)
                 else:
-                    self._engine_wake = env.event()
-                    yield self._engine_wake
-                    self._engine_wake = None
+                    wake = self._engine_wake[replica.index] = env.event()
+                    yield wake
+                    self._engine_wake[replica.index] = None
                 continue
-            horizon = self._horizon()
+            horizon = self._horizon(replica)
             while now < horizon and core.has_work():
-                now = self._iteration(now, horizon)
-                self._drain(now)
-                horizon = self._horizon()
+                now = replica.iterate(now, horizon)
+                replica.drain(now)
+                horizon = self._horizon(replica)
             yield env.timeout(now - env.now)
 
-    def _horizon(self) -> float:
-        nxt = self._inputs[0][0] if self._inputs else math.inf
-        return min(nxt, self._next_send_bound())
-
-    def _drain(self, now: float) -> None:
-        inputs, core = self._inputs, self.core
-        while inputs and inputs[0][0] <= now:
-            _, _, request = heapq.heappop(inputs)
-            core.add_request(request, now)
-
-    def _iteration(self, now: float, horizon: float) -> float:
-        if self.cfg.fast_path:
-            after = self._bulk_iterations(now, horizon)
-            if after is not None:
-                return after
-        return self._one_iteration(now)
-
-    def _one_iteration(self, now: float) -> float:
-        """vLLM's busy-loop body, step by step."""
-        core, fe = self.core, self.cfg.frontend
-        out = core.begin_step(now)
-        if out is not None:
-            now += fe.schedule_overhead_s + fe.schedule_s_per_request * len(
-                out.num_scheduled_tokens
-            )
-            cost = self.executor.step_time(out).total_s
-            start = now if now > self._gpu_free_s else self._gpu_free_s
-            self._gpu_free_s = start + cost
-            self._pending[out.step_id] = (start, start + cost, cost)
-        if core.must_finish_step():
-            oldest = core.oldest_in_flight()
-            start, end, cost = self._pending.pop(oldest.step_id)
-            if end > now:
-                now = end
-            outputs = core.finish_step(
-                oldest, self._sampled(oldest, cost), now, execute_start_s=start, execute_end_s=end
-            )
-            self._deliver(oldest.step_id, now, outputs)
-            now += fe.update_overhead_s
-        return now
-
-    def _sampled(self, out: SchedulerOutput, cost: float) -> ModelRunnerOutput:
-        partial = out.partial_prefill_req_ids
-        token = [PLACEHOLDER_TOKEN_ID]
-        return ModelRunnerOutput(
-            {r: token for r in out.num_scheduled_tokens if r not in partial}, execute_time_s=cost
-        )
-
-    def _deliver(self, step_id: int, update_s: float, outputs: list[EngineCoreOutput]) -> None:
-        if not outputs:
-            return
-        delivered = self.out.process(update_s, sum(len(o.new_token_ids) for o in outputs))
-        self.log.record_delivery(step_id, delivered)
-        for o in outputs:
-            if o.finish_reason is not None:
-                self.log.record(o.req_id, EventKind.DELIVERED, delivered)
-                self._request_done(delivered)
-
-    # -- bulk decode runs -----------------------------------------------------------------------
-    def _bulk_iterations(self, now: float, horizon: float) -> float | None:
-        """Apply as many identical decode iterations as fit before ``horizon``; None if the
-        state is not a uniform decode run (or the run would be too short)."""
-        core = self.core
-        run = core.find_uniform_decode_run(PLACEHOLDER_TOKEN_ID)
-        if run is None or run.max_iterations < MIN_BULK_ITERATIONS:
-            return None
-        fe = self.cfg.frontend
-        n = run.num_reqs
-        c_sched = fe.schedule_overhead_s + fe.schedule_s_per_request * n
-        c_update = fe.update_overhead_s
-        cost_of = self._decode_cost_fn(n, run.context_sum, run.context_max)
-        sched_t: list[float] = []
-        starts: list[float] = []
-        ends: list[float] = []
-        updates: list[float] = []
-        applied_costs: list[float] = []
-        t = now
-        if run.is_async:
-            prev_id = core.oldest_in_flight().step_id
-            prev_start, prev_end, prev_cost = self._pending[prev_id]
-            for k in range(run.max_iterations):
-                if t >= horizon:
-                    break
-                sched_t.append(t)
-                t1 = t + c_sched
-                update = t1 if t1 > prev_end else prev_end
-                cost = cost_of(k)
-                starts.append(prev_start)
-                ends.append(prev_end)
-                applied_costs.append(prev_cost)
-                updates.append(update)
-                # the GPU takes the new batch as soon as it is submitted and free
-                prev_start, prev_end, prev_cost = update, update + cost, cost
-                t = update + c_update
-        else:
-            for k in range(run.max_iterations):
-                if t >= horizon:
-                    break
-                sched_t.append(t)
-                cost = cost_of(k)
-                start = t + c_sched
-                end = start + cost
-                starts.append(start)
-                ends.append(end)
-                updates.append(end)
-                applied_costs.append(cost)
-                t = end + c_update
-        m = len(sched_t)
-        if m < MIN_BULK_ITERATIONS:
-            return None
-        applied = core.apply_uniform_decode(
-            run, m, PLACEHOLDER_TOKEN_ID,
-            RunTiming(sched_t, starts, ends, updates, applied_costs),
-        )
-        if run.is_async:
-            del self._pending[prev_id]
-            assert applied.last_scheduled is not None
-            self._pending[applied.last_scheduled.step_id] = (prev_start, prev_end, prev_cost)
-            self._gpu_free_s = prev_end
-        else:
-            self._gpu_free_s = ends[-1]
-        delivered = self.out.process_many(updates, n)
-        for step_id, d in zip(applied.applied_step_ids, delivered, strict=True):
-            self.log.record_delivery(step_id, d)
-        self.stats.num_bulk_steps += m
-        self.stats.num_bulk_runs += 1
-        return t
-
-    def _decode_cost_fn(self, n: int, ctx_sum: int, ctx_max: int) -> Callable[[int], float]:
-        """Duration of the k-th step of a uniform decode run of ``n`` requests (contexts grow
-        by one per step); the cost model's ``decode_step_total`` when it has one (bit-identical
-        to ``step_time``, and faster)."""
-        model = self.cost_model
-        fast = getattr(model, "decode_step_total", None)
-        if fast is not None:
-            return lambda k: float(fast(n, ctx_sum + n * k))
-
-        def slow(k: int) -> float:
-            shape = BatchShape(n, n, (), (), n, ctx_sum + n * k, ctx_max + k, n)
-            return model.step_time(shape).total_s
-
-        return slow
+    def _horizon(self, replica: EngineReplica) -> float:
+        """Earliest time something outside this engine could change what it sees."""
+        h = min(replica.next_input_s(), self._next_send_bound())
+        if self._to_route:
+            h = min(h, self._to_route[0][0])
+        return h
 
 
 def run_simulation(

@@ -57,9 +57,17 @@ class _InFlight:
 class EngineCore:
     """The scheduler plus the batch queue and the engine-side event records."""
 
-    def __init__(self, config: EngineConfig, event_log: EventLog | None = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        event_log: EventLog | None = None,
+        *,
+        replica: int = 0,
+        first_step_id: int = 0,
+    ) -> None:
         self.config = config
-        self.scheduler = Scheduler(config)
+        self.replica = replica  # data-parallel rank (engines may share one event log)
+        self.scheduler = Scheduler(config, first_step_id=first_step_id)
         self.event_log = event_log if event_log is not None else EventLog()
         self.batch_queue_size = 2 if config.scheduler.async_scheduling else 1
         self._in_flight: deque[_InFlight] = deque()
@@ -217,6 +225,7 @@ class EngineCore:
             "kv_usage": kv_usage,
             "admission_blocker": blockers,
             "cost_s": list(timing.cost_s),
+            "replica": [self.replica] * k_total,
         })
 
     # -- events ---------------------------------------------------------------------------------
@@ -291,4 +300,5 @@ class EngineCore:
             scheduler.kv_cache_manager.usage,
             str(out.admission_blocker),
             0.0 if cost_s is None else cost_s,
+            self.replica,
         ))

@@ -76,6 +76,7 @@ class StepRecord:
     kv_usage: float  # 1 - free / usable blocks, after the update
     admission_blocker: str  # why admissions stopped this step ("" if the queue drained)
     cost_s: float  # the step time the executor reported (simulated or measured)
+    replica: int  # data-parallel rank of the engine that ran the step
 
 
 STEP_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(StepRecord))
@@ -105,7 +106,7 @@ class EventLog:
             name: (
                 [] if name == "admission_blocker"
                 else array("q") if name in ("step_id", "decode_context_sum")
-                else array("i") if name in _INT_STEP_COLUMNS
+                else array("i") if name in _INT_STEP_COLUMNS or name == "replica"
                 else array("d")
             )
             for name in STEP_COLUMNS
@@ -190,6 +191,34 @@ class EventLog:
     def record_delivery(self, step_id: int, time_s: float) -> None:
         """The outputs of ``step_id`` reached the client at ``time_s``."""
         self._delivered[step_id] = time_s
+
+    def compact_step_ids(self, stride: int) -> None:
+        """Renumber steps of several engines (engine r's ids start at ``r * stride``) into one
+        dense range: engine 0's steps first, then engine 1's, … Token runs and deliveries
+        follow. Call once, after the run."""
+        import numpy as np
+
+        self._flush_step_rows()
+        ids = np.asarray(self._steps["step_id"], dtype=np.int64)
+        if ids.size == 0:
+            return
+        engines = ids // stride
+        counts = np.bincount(engines)
+        offsets = np.concatenate(([0], np.cumsum(counts)[:-1]))
+
+        def remap(values: np.ndarray) -> np.ndarray:
+            e = values // stride
+            return values - e * stride + offsets[e]
+
+        self._steps["step_id"] = array("q", remap(ids).tolist())
+        for idx, run in list(self._open_runs.items()):
+            run[0] = int(remap(np.array([run[0]]))[0])
+        if len(self._run_first):
+            self._run_first = array("q", remap(np.asarray(self._run_first)).tolist())
+        if self._delivered:
+            keys = np.fromiter(self._delivered.keys(), dtype=np.int64)
+            new_keys = remap(keys).tolist()
+            self._delivered = dict(zip(new_keys, self._delivered.values(), strict=True))
 
     def _close_run(self, idx: int, run: list[int]) -> None:
         self._run_req.append(idx)

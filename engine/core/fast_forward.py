@@ -125,7 +125,7 @@ def find_uniform_decode_run(core: EngineCore, token_id: int) -> UniformDecodeRun
     return UniformDecodeRun(
         requests=tuple(running),
         max_iterations=max_iter,
-        first_step_id=sched.num_steps,
+        first_step_id=sched.first_step_id + sched.num_steps,
         context_sum=ctx_sum,
         context_max=ctx_max,
         num_waiting=num_waiting,

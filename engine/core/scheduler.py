@@ -64,8 +64,9 @@ class _StepPlan:
 class Scheduler:
     """Decides, step by step, which requests compute how many tokens (clock-free)."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, first_step_id: int = 0) -> None:
         sc, cc = config.scheduler, config.cache
+        self.first_step_id = first_step_id  # step ids start here (disjoint per DP replica)
         self.config = config
         self.max_model_len = sc.max_model_len
         self.max_num_seqs = sc.max_num_seqs
@@ -316,7 +317,7 @@ class Scheduler:
         self.prev_step_scheduled_req_ids = set(num_scheduled)
         shape, partial = self._update_after_schedule(num_scheduled)
         out = SchedulerOutput(
-            step_id=self.num_steps - 1,
+            step_id=self.first_step_id + self.num_steps - 1,
             scheduled_new_reqs=new_reqs,
             scheduled_cached_reqs=cached,
             num_scheduled_tokens=num_scheduled,

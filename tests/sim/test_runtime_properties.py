@@ -13,6 +13,7 @@ from engine.core.engine_core import EngineCore
 from engine.core.events import EventKind
 from engine.core.scheduler import Scheduler
 from sim.config import EngineKnobs, SimConfig
+from sim.replica import EngineReplica
 from sim.runtime import SimResult, SimRuntime, run_simulation
 from sim.workload import WorkloadConfig
 from tests.sim.helpers import LinearCostModel, simulate, workload
@@ -125,9 +126,9 @@ def test_simulator_drives_the_core_scheduler_step_for_step() -> None:
                                        max_num_seqs=3, block_size=4),
                     num_gpu_blocks=40, max_model_len=150, fast_path=False)
     runtime = SimRuntime(cfg, workload=w, cost_model=LinearCostModel())
-    assert type(runtime.core) is EngineCore and type(runtime.core.scheduler) is Scheduler
+    core = runtime.replicas[0].core
+    assert type(core) is EngineCore and type(core.scheduler) is Scheduler
     calls: list[tuple] = []
-    core = runtime.core
     orig_add, orig_begin, orig_finish = core.add_request, core.begin_step, core.finish_step
 
     def add(request, now):  # type: ignore[no-untyped-def]
@@ -162,5 +163,5 @@ def test_simulator_drives_the_core_scheduler_step_for_step() -> None:
                 outs[out.step_id] = out
         else:
             out = outs.pop(arg)
-            replay_core.finish_step(out, fresh._sampled(out, 0.0), 0.0)
+            replay_core.finish_step(out, EngineReplica._sampled(out, 0.0), 0.0)
     assert not replay_core.has_work()

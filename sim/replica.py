@@ -1,0 +1,239 @@
+"""One simulated engine replica: the shared core's busy loop on a simulated GPU timeline.
+
+``EngineReplica.iterate`` is one pass of vLLM's engine loop (``step_with_batch_queue``): drain
+arrived inputs, ``begin_step`` (the scheduler's CPU time is a cost term), submit the batch to
+the GPU (it starts when both it and the GPU are ready, and lasts the cost model's step time),
+and, when the batch queue says so, wait for the oldest batch and ``finish_step`` it. Each
+applied step's outputs go through this replica's output processor to the clients.
+
+When the engine state is a uniform decode run (``engine.core.fast_forward``) the replica
+applies as many identical iterations as fit before its horizon in one go, computing the same
+timeline the step-by-step loop would.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Callable
+
+from engine.core.config import EngineConfig
+from engine.core.engine_core import EngineCore, RunTiming
+from engine.core.events import EventKind, EventLog
+from engine.core.interfaces import CostModel
+from engine.core.outputs import BatchShape, EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
+from engine.core.request import Request
+from sim.config import FrontendConfig
+from sim.executor import PLACEHOLDER_TOKEN_ID, SimExecutor
+from sim.stages import OutputProcessor
+
+#: Bulk runs shorter than this are executed step by step (finding one costs O(running)).
+MIN_BULK_ITERATIONS = 2
+
+#: Step ids of replica r start at r × STEP_ID_STRIDE, so they never collide in a shared log.
+STEP_ID_STRIDE = 10**12
+
+
+class EngineReplica:
+    """An ``EngineCore`` with its input queue, GPU timeline and output processor."""
+
+    def __init__(
+        self,
+        index: int,
+        engine_config: EngineConfig,
+        cost_model: CostModel,
+        frontend: FrontendConfig,
+        log: EventLog,
+        on_request_done: Callable[[str, float], None],
+        *,
+        fast_path: bool = True,
+    ) -> None:
+        self.index = index
+        self.core = EngineCore(
+            engine_config, log, replica=index, first_step_id=index * STEP_ID_STRIDE
+        )
+        self.cost_model = cost_model
+        self.executor = SimExecutor(cost_model)
+        self.frontend = frontend
+        self.log = log
+        self.out = OutputProcessor(frontend)
+        self.fast_path = fast_path
+        self._on_request_done = on_request_done
+        self.inputs: list[tuple[float, int, Request]] = []  # (engine arrival, seq, request)
+        self._gpu_free_s = 0.0
+        self._pending: dict[int, tuple[float, float, float]] = {}  # step -> start, end, cost
+        # (update time, running, waiting, kv usage) reported by recent steps, for routers
+        self._reports: deque[tuple[float, int, int, float]] = deque()
+        self._last_report: tuple[int, int, float] = (0, 0, 0.0)
+        self.num_bulk_steps = 0
+        self.num_bulk_runs = 0
+
+    # -- inputs ---------------------------------------------------------------------------------
+    def push(self, arrival_s: float, seq: int, request: Request) -> None:
+        heapq.heappush(self.inputs, (arrival_s, seq, request))
+
+    def next_input_s(self) -> float:
+        return self.inputs[0][0] if self.inputs else float("inf")
+
+    def drain(self, now: float) -> None:
+        inputs, core = self.inputs, self.core
+        while inputs and inputs[0][0] <= now:
+            _, _, request = heapq.heappop(inputs)
+            core.add_request(request, now)
+
+    def reported_state(self, at_s: float) -> tuple[int, int, float]:
+        """(running, waiting, KV usage) as the last step applied by ``at_s`` reported them."""
+        reports = self._reports
+        while reports and reports[0][0] <= at_s:
+            _, running, waiting, usage = reports.popleft()
+            self._last_report = (running, waiting, usage)
+        return self._last_report
+
+    # -- the loop -------------------------------------------------------------------------------
+    def iterate(self, now: float, horizon: float) -> float:
+        """One loop pass (or a bulk run of them) starting at engine time ``now``."""
+        if self.fast_path:
+            after = self._bulk_iterations(now, horizon)
+            if after is not None:
+                return after
+        return self._one_iteration(now)
+
+    def _one_iteration(self, now: float) -> float:
+        core, fe = self.core, self.frontend
+        out = core.begin_step(now)
+        if out is not None:
+            now += fe.schedule_overhead_s + fe.schedule_s_per_request * len(
+                out.num_scheduled_tokens
+            )
+            cost = self.executor.step_time(out).total_s
+            start = now if now > self._gpu_free_s else self._gpu_free_s
+            self._gpu_free_s = start + cost
+            self._pending[out.step_id] = (start, start + cost, cost)
+        if core.must_finish_step():
+            oldest = core.oldest_in_flight()
+            start, end, cost = self._pending.pop(oldest.step_id)
+            if end > now:
+                now = end
+            outputs = core.finish_step(
+                oldest, self._sampled(oldest, cost), now, execute_start_s=start, execute_end_s=end
+            )
+            self._report(now)
+            self._deliver(oldest.step_id, now, outputs)
+            now += fe.update_overhead_s
+        return now
+
+    def _report(self, update_s: float) -> None:
+        sched = self.core.scheduler
+        self._reports.append(
+            (update_s, len(sched.running), len(sched.waiting), sched.kv_cache_manager.usage)
+        )
+
+    @staticmethod
+    def _sampled(out: SchedulerOutput, cost: float) -> ModelRunnerOutput:
+        partial = out.partial_prefill_req_ids
+        token = [PLACEHOLDER_TOKEN_ID]
+        return ModelRunnerOutput(
+            {r: token for r in out.num_scheduled_tokens if r not in partial}, execute_time_s=cost
+        )
+
+    def _deliver(self, step_id: int, update_s: float, outputs: list[EngineCoreOutput]) -> None:
+        if not outputs:
+            return
+        delivered = self.out.process(update_s, sum(len(o.new_token_ids) for o in outputs))
+        self.log.record_delivery(step_id, delivered)
+        for o in outputs:
+            if o.finish_reason is not None:
+                self.log.record(o.req_id, EventKind.DELIVERED, delivered)
+                self._on_request_done(o.req_id, delivered)
+
+    # -- bulk decode runs -----------------------------------------------------------------------
+    def _bulk_iterations(self, now: float, horizon: float) -> float | None:
+        """Apply the identical decode iterations that start before ``horizon``; None if the
+        state is not a uniform decode run (or the run would be too short)."""
+        core = self.core
+        run = core.find_uniform_decode_run(PLACEHOLDER_TOKEN_ID)
+        if run is None or run.max_iterations < MIN_BULK_ITERATIONS:
+            return None
+        fe = self.frontend
+        n = run.num_reqs
+        c_sched = fe.schedule_overhead_s + fe.schedule_s_per_request * n
+        c_update = fe.update_overhead_s
+        cost_of = self._decode_cost_fn(n, run.context_sum, run.context_max)
+        sched_t: list[float] = []
+        starts: list[float] = []
+        ends: list[float] = []
+        updates: list[float] = []
+        costs: list[float] = []
+        t = now
+        if run.is_async:
+            prev_id = core.oldest_in_flight().step_id
+            prev_start, prev_end, prev_cost = self._pending[prev_id]
+            for k in range(run.max_iterations):
+                if t >= horizon:
+                    break
+                sched_t.append(t)
+                t1 = t + c_sched
+                update = t1 if t1 > prev_end else prev_end
+                cost = cost_of(k)
+                starts.append(prev_start)
+                ends.append(prev_end)
+                costs.append(prev_cost)
+                updates.append(update)
+                # the GPU takes the new batch as soon as it is submitted and free
+                prev_start, prev_end, prev_cost = update, update + cost, cost
+                t = update + c_update
+        else:
+            for k in range(run.max_iterations):
+                if t >= horizon:
+                    break
+                sched_t.append(t)
+                cost = cost_of(k)
+                start = t + c_sched
+                end = start + cost
+                starts.append(start)
+                ends.append(end)
+                updates.append(end)
+                costs.append(cost)
+                t = end + c_update
+        m = len(sched_t)
+        if m < MIN_BULK_ITERATIONS:
+            return None
+        applied = core.apply_uniform_decode(
+            run, m, PLACEHOLDER_TOKEN_ID, RunTiming(sched_t, starts, ends, updates, costs)
+        )
+        if run.is_async:
+            del self._pending[prev_id]
+            assert applied.last_scheduled is not None
+            self._pending[applied.last_scheduled.step_id] = (prev_start, prev_end, prev_cost)
+            self._gpu_free_s = prev_end
+        else:
+            self._gpu_free_s = ends[-1]
+        sched = core.scheduler
+        kv = sched.kv_cache_manager
+        usable = kv.block_pool.num_gpu_blocks - 1
+        free = kv.get_num_free_blocks() + sum(applied.allocs_per_iteration)
+        running, waiting = len(sched.running), len(sched.waiting)
+        for u, allocs in zip(updates, applied.allocs_per_iteration, strict=True):
+            free -= allocs
+            self._reports.append((u, running, waiting, 1.0 - free / usable))
+        delivered = self.out.process_many(updates, n)
+        for step_id, d in zip(applied.applied_step_ids, delivered, strict=True):
+            self.log.record_delivery(step_id, d)
+        self.num_bulk_steps += m
+        self.num_bulk_runs += 1
+        return t
+
+    def _decode_cost_fn(self, n: int, ctx_sum: int, ctx_max: int) -> Callable[[int], float]:
+        """Duration of the k-th step of a uniform decode run of ``n`` requests (contexts grow
+        by one per step); the cost model's ``decode_step_total`` when it has one (bit-identical
+        to ``step_time``, and faster)."""
+        model = self.cost_model
+        fast = getattr(model, "decode_step_total", None)
+        if fast is not None:
+            return lambda k: float(fast(n, ctx_sum + n * k))
+
+        def slow(k: int) -> float:
+            shape = BatchShape(n, n, (), (), n, ctx_sum + n * k, ctx_max + k, n)
+            return model.step_time(shape).total_s
+
+        return slow
