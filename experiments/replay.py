@@ -116,16 +116,23 @@ def _build_request(spec: Any, index: int, cfg: dict[str, Any], hasher: TokenBloc
     if not prompt:
         raise WorkloadError(f"{what} has an empty prompt")
     arrival_step = _int(spec.get("arrival_step", 0), f"{what} arrival_step", 0)
+    max_tokens = _int(spec.get("max_tokens", 16), f"{what} max_tokens", 1)
+    min_tokens = _int(spec.get("min_tokens", 0), f"{what} min_tokens", 0)
+    stop_ids = tuple(_token_list(spec.get("stop_token_ids") or [], f"{what} stop_token_ids"))
+    ignore_eos = spec.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise WorkloadError(f"{what} ignore_eos must be true or false, got {ignore_eos!r}")
     try:
         params = SamplingParams(
-            max_tokens=_int(spec.get("max_tokens", 16), f"{what} max_tokens", 1),
-            min_tokens=_int(spec.get("min_tokens", 0), f"{what} min_tokens", 0),
-            stop_token_ids=tuple(_token_list(spec.get("stop_token_ids") or [], f"{what} stop")),
-            ignore_eos=bool(spec.get("ignore_eos", False)),
+            max_tokens=max_tokens, min_tokens=min_tokens, stop_token_ids=stop_ids,
+            ignore_eos=ignore_eos,
         )
     except ValueError as exc:
         raise WorkloadError(f"{what}: {exc}") from None
-    arrival_time = float(spec.get("arrival_time", arrival_step + index * 1e-6))
+    raw_arrival = spec.get("arrival_time", arrival_step + index * 1e-6)
+    if isinstance(raw_arrival, bool) or not isinstance(raw_arrival, int | float):
+        raise WorkloadError(f"{what} arrival_time must be a number, got {raw_arrival!r}")
+    arrival_time = float(raw_arrival)
     request = Request(
         req_id,
         sampling_params=params,

@@ -56,14 +56,16 @@ class FreeBlockQueue:
     def popleft_n(self, n: int) -> list[int]:
         if n > self.num_free_blocks:
             raise ValueError(f"cannot pop {n} blocks: only {self.num_free_blocks} free")
-        nxt = self._next
+        nxt, prv = self._next, self._prev
         out = []
         cur = nxt[self._head]
         for _ in range(n):
             out.append(cur)
-            cur = nxt[cur]
+            following = nxt[cur]
+            nxt[cur] = prv[cur] = -1  # popped blocks are linked to nothing
+            cur = following
         nxt[self._head] = cur
-        self._prev[cur] = self._head
+        prv[cur] = self._head
         self.num_free_blocks -= n
         return out
 
@@ -134,7 +136,9 @@ class BlockPool:
 
     def __init__(self, num_gpu_blocks: int, enable_caching: bool) -> None:
         if num_gpu_blocks < 2:
-            raise ValueError(f"num_gpu_blocks must be >= 2 (null block + one), got {num_gpu_blocks}")
+            raise ValueError(
+                f"num_gpu_blocks must be >= 2 (null block + one), got {num_gpu_blocks}"
+            )
         self.num_gpu_blocks = num_gpu_blocks
         self.enable_caching = enable_caching
         self.ref_cnt = [0] * num_gpu_blocks

@@ -30,6 +30,17 @@ def _require(cond: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+def _is_int(value: object) -> bool:
+    """A real integer: ``True``/``False`` are not accepted where a count is meant."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _require_bools(obj: object, names: tuple[str, ...]) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        _require(isinstance(value, bool), f"{name} must be true or false, got {value!r}")
+
+
 _C = TypeVar("_C")
 
 
@@ -67,16 +78,16 @@ class SchedulerConfig:
 
     def __post_init__(self) -> None:
         _require(
-            isinstance(self.max_num_batched_tokens, int) and self.max_num_batched_tokens > 0,
+            _is_int(self.max_num_batched_tokens) and self.max_num_batched_tokens > 0,
             f"max_num_batched_tokens must be a positive integer, got "
             f"{self.max_num_batched_tokens!r}",
         )
         _require(
-            isinstance(self.max_num_seqs, int) and self.max_num_seqs > 0,
+            _is_int(self.max_num_seqs) and self.max_num_seqs > 0,
             f"max_num_seqs must be a positive integer, got {self.max_num_seqs!r}",
         )
         _require(
-            isinstance(self.max_model_len, int) and self.max_model_len > 1,
+            _is_int(self.max_model_len) and self.max_model_len > 1,
             f"max_model_len must be an integer > 1, got {self.max_model_len!r}",
         )
         _require(
@@ -92,7 +103,7 @@ class SchedulerConfig:
             "chunked prefill",
         )
         _require(
-            isinstance(self.long_prefill_token_threshold, int)
+            _is_int(self.long_prefill_token_threshold)
             and 0 <= self.long_prefill_token_threshold <= self.max_model_len,
             f"long_prefill_token_threshold must be in [0, max_model_len={self.max_model_len}], "
             f"got {self.long_prefill_token_threshold!r}",
@@ -101,9 +112,13 @@ class SchedulerConfig:
             self.policy in ("fcfs", "priority"),
             f"policy must be 'fcfs' or 'priority', got {self.policy!r}",
         )
+        _require_bools(
+            self, ("enable_chunked_prefill", "scheduler_reserve_full_isl", "async_scheduling")
+        )
         if self.max_num_scheduled_tokens is not None:
             _require(
-                0 < self.max_num_scheduled_tokens <= self.max_num_batched_tokens,
+                _is_int(self.max_num_scheduled_tokens)
+                and 0 < self.max_num_scheduled_tokens <= self.max_num_batched_tokens,
                 f"max_num_scheduled_tokens must be in [1, max_num_batched_tokens="
                 f"{self.max_num_batched_tokens}], got {self.max_num_scheduled_tokens!r}",
             )
@@ -133,18 +148,21 @@ class CacheConfig:
 
     def __post_init__(self) -> None:
         _require(
-            isinstance(self.block_size, int) and self.block_size > 0,
+            _is_int(self.block_size) and self.block_size > 0,
             f"block_size must be a positive integer, got {self.block_size!r}",
         )
         _require(
-            isinstance(self.num_gpu_blocks, int) and self.num_gpu_blocks >= 2,
+            _is_int(self.num_gpu_blocks) and self.num_gpu_blocks >= 2,
             f"num_gpu_blocks must be an integer >= 2 (block 0 is the reserved null block), "
             f"got {self.num_gpu_blocks!r}",
         )
         _require(
-            0.0 <= self.watermark < 1.0,
-            f"watermark must be in [0, 1), got {self.watermark!r}",
+            isinstance(self.watermark, int | float)
+            and not isinstance(self.watermark, bool)
+            and 0.0 <= self.watermark < 1.0,
+            f"watermark must be a number in [0, 1), got {self.watermark!r}",
         )
+        _require_bools(self, ("enable_prefix_caching",))
 
     @property
     def num_usable_blocks(self) -> int:

@@ -101,15 +101,24 @@ class Scheduler:
         self.waiting.add_request(request)
         self.requests[request.req_id] = request
 
-    def finish_requests(self, req_ids: Iterable[str], status: RequestStatus) -> list[Request]:
+    def finish_requests(
+        self, req_ids: str | Iterable[str] | None, status: RequestStatus
+    ) -> list[Request]:
         """Finish requests from outside (abort): dequeue, free their blocks, forget them.
 
-        Unknown or already finished ids are ignored; returns the requests actually finished.
+        ``req_ids`` is one id, several, or None for every request (vLLM's signature). Unknown
+        or already finished ids are ignored; returns the requests actually finished.
         """
         if not RequestStatus.is_finished(status):
             raise ValueError(f"{status.name} is not a finished status")
+        if req_ids is None:
+            ids: Iterable[str] = list(self.requests)
+        elif isinstance(req_ids, str):
+            ids = (req_ids,)
+        else:
+            ids = dict.fromkeys(req_ids)
         found: list[Request] = []
-        for req_id in dict.fromkeys(req_ids):
+        for req_id in ids:
             request = self.requests.get(req_id)
             if request is not None and not request.is_finished():
                 found.append(request)
