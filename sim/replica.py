@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 from engine.core.config import EngineConfig
 from engine.core.engine_core import EngineCore, RunTiming
+from engine.core.fast_forward import AppliedRun
 from engine.core.events import EventKind, EventLog
 from engine.core.interfaces import CostModel
 from engine.core.outputs import BatchShape, EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
@@ -47,6 +48,7 @@ class EngineReplica:
         on_request_done: Callable[[str, float], None],
         *,
         fast_path: bool = True,
+        closed_loop: bool = False,
     ) -> None:
         self.index = index
         self.core = EngineCore(
@@ -58,6 +60,7 @@ class EngineReplica:
         self.log = log
         self.out = OutputProcessor(frontend)
         self.fast_path = fast_path
+        self.closed_loop = closed_loop  # finishes free client slots: bulk runs stop there
         self._on_request_done = on_request_done
         self.inputs: list[tuple[float, int, Request]] = []  # (engine arrival, seq, request)
         self._gpu_free_s = 0.0
@@ -148,53 +151,60 @@ class EngineReplica:
 
     # -- bulk decode runs -----------------------------------------------------------------------
     def _bulk_iterations(self, now: float, horizon: float) -> float | None:
-        """Apply the identical decode iterations that start before ``horizon``; None if the
-        state is not a uniform decode run (or the run would be too short)."""
+        """Apply the uniform decode iterations that start before ``horizon`` (closed loop:
+        also before a finished request's client could send again); None if the state is not a
+        uniform decode run or the run would be too short."""
         core = self.core
         run = core.find_uniform_decode_run(PLACEHOLDER_TOKEN_ID)
         if run is None or run.max_iterations < MIN_BULK_ITERATIONS:
             return None
         fe = self.frontend
-        n = run.num_reqs
-        c_sched = fe.schedule_overhead_s + fe.schedule_s_per_request * n
-        c_update = fe.update_overhead_s
-        cost_of = self._decode_cost_fn(n, run.context_sum, run.context_max)
+        per_req, sched_base, c_update = (
+            fe.schedule_s_per_request, fe.schedule_overhead_s, fe.update_overhead_s
+        )
+        cost_of = self._decode_cost_fn()
         sched_t: list[float] = []
         starts: list[float] = []
         ends: list[float] = []
         updates: list[float] = []
         costs: list[float] = []
+        tokens: list[int] = []  # tokens each applied step delivers
+        finishing: list[tuple[str, ...]] = []
         t = now
         if run.is_async:
-            prev_id = core.oldest_in_flight().step_id
+            prev = core.oldest_in_flight()
+            prev_id = prev.step_id
             prev_start, prev_end, prev_cost = self._pending[prev_id]
-            for k in range(run.max_iterations):
-                if t >= horizon:
-                    break
-                sched_t.append(t)
-                t1 = t + c_sched
+            prev_tokens = len(prev.num_scheduled_tokens)
+        for k, shape in enumerate(run.iteration_shapes()):
+            if t >= horizon:
+                break
+            n = shape.num_scheduled
+            sched_t.append(t)
+            t1 = t + (sched_base + per_req * n)  # the same sum as the step-by-step path
+            cost = cost_of(n, shape.context_sum, shape.context_max) if n else 0.0
+            if run.is_async:
                 update = t1 if t1 > prev_end else prev_end
-                cost = cost_of(k)
                 starts.append(prev_start)
                 ends.append(prev_end)
                 costs.append(prev_cost)
-                updates.append(update)
+                tokens.append(prev_tokens)
                 # the GPU takes the new batch as soon as it is submitted and free
-                prev_start, prev_end, prev_cost = update, update + cost, cost
-                t = update + c_update
-        else:
-            for k in range(run.max_iterations):
-                if t >= horizon:
-                    break
-                sched_t.append(t)
-                cost = cost_of(k)
-                start = t + c_sched
-                end = start + cost
-                starts.append(start)
-                ends.append(end)
-                updates.append(end)
+                prev_start, prev_end, prev_cost, prev_tokens = update, update + cost, cost, n
+            else:
+                update = t1 + cost
+                starts.append(t1)
+                ends.append(update)
                 costs.append(cost)
-                t = end + c_update
+                tokens.append(n)
+            updates.append(update)
+            finishing.append(shape.finishing)
+            t = update + c_update
+            if shape.finishing and self.closed_loop:
+                # a freed client slot may send a request: stop at its delivery
+                out = [j for j, n in enumerate(tokens) if n]
+                planned = self.out.plan([updates[j] for j in out], [tokens[j] for j in out])
+                horizon = min(horizon, planned[-1])
         m = len(sched_t)
         if m < MIN_BULK_ITERATIONS:
             return None
@@ -208,32 +218,47 @@ class EngineReplica:
             self._gpu_free_s = prev_end
         else:
             self._gpu_free_s = ends[-1]
-        sched = core.scheduler
-        kv = sched.kv_cache_manager
-        usable = kv.block_pool.num_gpu_blocks - 1
-        free = kv.get_num_free_blocks() + sum(applied.allocs_per_iteration)
-        running, waiting = len(sched.running), len(sched.waiting)
-        for u, allocs in zip(updates, applied.allocs_per_iteration, strict=True):
-            free -= allocs
-            self._reports.append((u, running, waiting, 1.0 - free / usable))
-        delivered = self.out.process_many(updates, n)
-        for step_id, d in zip(applied.applied_step_ids, delivered, strict=True):
-            self.log.record_delivery(step_id, d)
+        self._record_bulk(applied, updates, tokens, finishing)
         self.num_bulk_steps += m
         self.num_bulk_runs += 1
         return t
 
-    def _decode_cost_fn(self, n: int, ctx_sum: int, ctx_max: int) -> Callable[[int], float]:
-        """Duration of the k-th step of a uniform decode run of ``n`` requests (contexts grow
-        by one per step); the cost model's ``decode_step_total`` when it has one (bit-identical
+    def _record_bulk(
+        self,
+        applied: AppliedRun,
+        updates: list[float],
+        tokens: list[int],
+        finishing: list[tuple[str, ...]],
+    ) -> None:
+        """Deliveries, finishes and router reports of a bulk-applied run."""
+        sched = self.core.scheduler
+        usable = sched.kv_cache_manager.block_pool.num_gpu_blocks - 1
+        waiting = len(sched.waiting)
+        for u, running, free in zip(
+            updates, applied.num_running_after, applied.free_blocks_after, strict=True
+        ):
+            self._reports.append((u, running, waiting, 1.0 - free / usable))
+        with_output = [j for j, n in enumerate(tokens) if n]
+        delivered = self.out.plan([updates[j] for j in with_output], [tokens[j] for j in with_output])
+        self.out.commit(delivered, [tokens[j] for j in with_output])
+        step_ids = applied.applied_step_ids
+        log = self.log
+        for j, d in zip(with_output, delivered, strict=True):
+            log.record_delivery(step_ids[j], d)
+            for req_id in finishing[j]:
+                log.record(req_id, EventKind.DELIVERED, d)
+                self._on_request_done(req_id, d)
+
+    def _decode_cost_fn(self) -> Callable[[int, int, int], float]:
+        """Duration of a pure-decode step of ``n`` requests whose contexts sum to ``ctx_sum``
+        (max ``ctx_max``): the cost model's ``decode_step_total`` when it has one (bit-identical
         to ``step_time``, and faster)."""
         model = self.cost_model
         fast = getattr(model, "decode_step_total", None)
         if fast is not None:
-            return lambda k: float(fast(n, ctx_sum + n * k))
+            return lambda n, ctx_sum, ctx_max: float(fast(n, ctx_sum))
 
-        def slow(k: int) -> float:
-            shape = BatchShape(n, n, (), (), n, ctx_sum + n * k, ctx_max + k, n)
-            return model.step_time(shape).total_s
+        def slow(n: int, ctx_sum: int, ctx_max: int) -> float:
+            return model.step_time(BatchShape(n, n, (), (), n, ctx_sum, ctx_max, n)).total_s
 
         return slow

@@ -68,17 +68,25 @@ class OutputProcessor:
         self.busy_s += cost
         return self._free_at + cfg.network_latency_s
 
-    def process_many(self, update_times_s: list[float], num_tokens: int) -> list[float]:
-        """``process`` for consecutive steps of ``num_tokens`` tokens each."""
+    def plan(self, update_times_s: list[float], num_tokens: list[int]) -> list[float]:
+        """Delivery times of consecutive steps (outputs of ``num_tokens[i]`` tokens applied at
+        ``update_times_s[i]``) without changing state; ``commit`` makes them happen."""
         cfg = self.cfg
         ipc, net = cfg.ipc_latency_s, cfg.network_latency_s
-        cost = cfg.output_batch_overhead_s + cfg.detokenize_s_per_token * num_tokens
+        over, per_token = cfg.output_batch_overhead_s, cfg.detokenize_s_per_token
         free = self._free_at
         out = []
-        for t in update_times_s:
+        for t, n in zip(update_times_s, num_tokens, strict=True):
             ready = t + ipc
-            free = (ready if ready > free else free) + cost
+            free = (ready if ready > free else free) + (over + per_token * n)  # as process()
             out.append(free + net)
-        self._free_at = free
-        self.busy_s += cost * len(update_times_s)
         return out
+
+    def commit(self, delivered_s: list[float], num_tokens: list[int]) -> None:
+        """Adopt the outcome of ``plan`` for steps that did produce outputs."""
+        if delivered_s:
+            self._free_at = delivered_s[-1] - self.cfg.network_latency_s
+            cfg = self.cfg
+            self.busy_s += sum(
+                cfg.output_batch_overhead_s + cfg.detokenize_s_per_token * n for n in num_tokens
+            )

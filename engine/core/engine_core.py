@@ -156,8 +156,10 @@ class EngineCore:
         )):
             raise ValueError("RunTiming lists must each hold num_iterations entries")
         num_free_before = self.scheduler.kv_cache_manager.get_num_free_blocks()
-        previous = self._in_flight.popleft() if run.is_async else None
+        previous = self._in_flight[0] if run.is_async else None
         applied = apply_uniform_decode(self, run, num_iterations, token_id)
+        if previous is not None:
+            self._in_flight.popleft()
         if applied.last_scheduled is not None:
             self._in_flight.append(_InFlight(applied.last_scheduled, timing.schedule_time_s[-1]))
         self._must_finish = run.is_async  # the driver resumes with a full queue
@@ -174,56 +176,62 @@ class EngineCore:
     ) -> None:
         log = self.event_log
         k_total = applied.num_iterations
-        ids = [r.req_id for r in run.requests]
+        first_step = applied.applied_step_ids.start
         first_seen = self._first_token_seen
-        for req_id in ids:
+        updates = timing.update_time_s
+        for i, req in enumerate(run.requests):
+            req_id = req.req_id
             if req_id not in first_seen:
                 first_seen.add(req_id)
-                log.record(req_id, EventKind.FIRST_TOKEN, timing.update_time_s[0])
-        log.extend_runs(ids, applied.applied_step_ids.start, k_total)
-        n = run.num_reqs
-        kv = self.scheduler.kv_cache_manager
-        usable = kv.block_pool.num_gpu_blocks - 1
-        free = num_free_before
-        kv_usage = []
-        for allocs in applied.allocs_per_iteration:
-            free -= allocs
-            kv_usage.append(1.0 - free / usable)
-        shift = 1 if run.is_async else 0
-        schedule_times = list(timing.schedule_time_s)
-        blockers = [str(run.blocker)] * k_total
-        ctx_sums = [run.context_sum + n * (j - shift) for j in range(k_total)]
-        zeros = [0] * k_total
-        num_new, num_resumed, num_preempted = list(zeros), list(zeros), list(zeros)
+                log.record(req_id, EventKind.FIRST_TOKEN, updates[0])
+            f = run.finish_iteration[i]
+            log.extend_runs([req_id], first_step, min(k_total, f + 1))
+        for j, finishing in enumerate(applied.finished_per_step):
+            for req_id in finishing:
+                self._record_finish(req_id, "length", updates[j])
+        usable = self.scheduler.kv_cache_manager.block_pool.num_gpu_blocks - 1
+        # Shapes of the applied steps: the iterations' own schedules, shifted by one under
+        # async scheduling, where the first applied step is the batch that was in flight.
+        shapes = applied.shapes
         if previous is not None:
-            prev_out = previous.sched_out
-            schedule_times = [previous.schedule_time_s, *schedule_times[:-1]]
-            blockers[0] = str(prev_out.admission_blocker)
-            ctx_sums[0] = prev_out.batch_shape.decode_context_sum
-            num_new[0] = len(prev_out.scheduled_new_reqs)
-            num_resumed[0] = len(prev_out.scheduled_cached_reqs.resumed_req_ids)
-            num_preempted[0] = len(prev_out.preempted_req_ids)
+            prev = previous.sched_out
+            ps = prev.batch_shape
+            schedule_times = [previous.schedule_time_s, *timing.schedule_time_s[:-1]]
+            first = (ps.num_reqs, ps.num_tokens, ps.num_prefill_reqs, ps.num_prefill_tokens,
+                     ps.num_decode_reqs, ps.decode_context_sum, len(prev.scheduled_new_reqs),
+                     len(prev.scheduled_cached_reqs.resumed_req_ids),
+                     len(prev.preempted_req_ids), str(prev.admission_blocker))
+            rest = shapes[:-1]
+        else:
+            schedule_times = list(timing.schedule_time_s)
+            first = None
+            rest = shapes
+        rows = [] if first is None else [first]
+        for s in rest[: k_total - len(rows)]:
+            n = s.num_scheduled
+            rows.append((n, n, 0, 0, n, s.context_sum, 0, 0, 0, str(s.blocker)))
+        cols = list(zip(*rows, strict=True))
         log.record_steps({
             "step_id": list(applied.applied_step_ids),
             "schedule_time_s": schedule_times,
             "execute_start_s": list(timing.execute_start_s),
             "execute_end_s": list(timing.execute_end_s),
-            "update_time_s": list(timing.update_time_s),
-            "num_reqs": [n] * k_total,
-            "num_tokens": [n] * k_total,
-            "num_prefill_reqs": zeros,
-            "num_prefill_tokens": zeros,
-            "num_decode_reqs": [n] * k_total,
-            "decode_context_sum": ctx_sums,
-            "num_sampled_tokens": [n] * k_total,
-            "num_new_reqs": num_new,
-            "num_resumed_reqs": num_resumed,
-            "num_preempted_reqs": num_preempted,
-            "num_finished_reqs": zeros,
-            "num_running": [n] * k_total,
+            "update_time_s": list(updates),
+            "num_reqs": list(cols[0]),
+            "num_tokens": list(cols[1]),
+            "num_prefill_reqs": list(cols[2]),
+            "num_prefill_tokens": list(cols[3]),
+            "num_decode_reqs": list(cols[4]),
+            "decode_context_sum": list(cols[5]),
+            "num_sampled_tokens": list(applied.sampled_per_step),
+            "num_new_reqs": list(cols[6]),
+            "num_resumed_reqs": list(cols[7]),
+            "num_preempted_reqs": list(cols[8]),
+            "num_finished_reqs": [len(f) for f in applied.finished_per_step],
+            "num_running": list(applied.num_running_after),
             "num_waiting": [run.num_waiting] * k_total,
-            "kv_usage": kv_usage,
-            "admission_blocker": blockers,
+            "kv_usage": [1.0 - free / usable for free in applied.free_blocks_after],
+            "admission_blocker": list(cols[9]),
             "cost_s": list(timing.cost_s),
             "replica": [self.replica] * k_total,
         })

@@ -166,7 +166,7 @@ def test_bulk_run_equals_step_by_step(seed: int, k_frac: float) -> None:
 
 
 def test_fast_path_applies_on_a_plain_decode_batch() -> None:
-    """A batch of decoding requests yields a run that stops before the first finish."""
+    """A batch of decoding requests yields a run through their finishes, up to the last one."""
     config = EngineConfig(
         scheduler=SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=8, max_model_len=512),
         cache=CacheConfig(num_gpu_blocks=100, block_size=4),
@@ -181,8 +181,11 @@ def test_fast_path_applies_on_a_plain_decode_batch() -> None:
     _iterate(core, 0.0)  # prefill all three, first tokens sampled
     run = core.find_uniform_decode_run(TOKEN)
     assert run is not None
-    # request "0" has 1 output of 10: 8 more uniform iterations, the 9th finishes it
-    assert run.max_iterations == 8
-    assert run.context_sum == 15 and run.num_reqs == 3
-    assert core.find_uniform_decode_run(eos_like := TOKEN) is not None
-    del eos_like
+    # request "0" has 1 output of 10: it finishes at the update of iteration 8, "1" at 18,
+    # "2" at 28; synchronous iterations 0..28 each schedule at least one request
+    assert run.finish_iteration == (8, 18, 28)
+    assert run.max_iterations == 29 and run.num_reqs == 3
+    shapes = list(run.iteration_shapes())
+    assert [s.num_scheduled for s in shapes[:10]] == [3] * 9 + [2]
+    assert shapes[0].context_sum == 15 and shapes[9].context_sum == 2 * 5 + 2 * 9
+    assert shapes[8].finishing == ("0",) and shapes[28].finishing == ("2",)

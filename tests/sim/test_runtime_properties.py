@@ -21,8 +21,12 @@ from tests.sim.helpers import LinearCostModel, simulate, workload
 
 def _log_columns(res: SimResult) -> tuple:
     log = res.event_log
+    ev = log.events_columns()
+    events = sorted(
+        zip(ev["req_index"], ev["kind"], ev["time_s"], map(str, ev["payload"]), strict=True)
+    )
     return (
-        [list(v) for v in log.events_columns().values()],
+        events,  # as a multiset: the order of appends carries no meaning
         {k: list(v) for k, v in log.steps_columns().items()},
         sorted(zip(*log.token_runs().values(), strict=True)),
         sorted(log.delivered_times().items()),
