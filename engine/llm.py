@@ -1,0 +1,314 @@
+"""Offline inference: ``LLM(model=DIR, ...).generate(prompts, SamplingParams)``.
+
+Responsibility: assemble the real engine from one frozen ``EngineArgs`` — model config →
+scheduler config → ``TorchExecutor`` (which sizes the KV cache) → the core's ``CacheConfig`` →
+``EngineCore`` — and run batches of prompts to completion through ``EngineLoop`` (the same
+``begin_step`` / ``finish_step`` protocol as every driver, async batch queue included) and the
+``OutputProcessor`` (detokenization, stop strings).
+
+``RealEngine`` is the assembled engine without the offline loop, for drivers that add requests
+over time (``twinserve run-real``): build it with ``EngineArgs(...).build()``, turn prompts into
+core ``Request``s with ``make_request`` (validation, EOS ids, block hasher), and drive
+``EngineLoop(engine.core, engine.executor)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from engine.core.config import CacheConfig, ConfigError, EngineConfig, SchedulerConfig
+from engine.core.engine_core import EngineCore
+from engine.core.events import EventKind
+from engine.core.hashing import TokenBlockHasher
+from engine.core.request import Request, SamplingParams
+from engine.serve.engine_loop import EngineLoop
+from engine.serve.frontend import (
+    PromptError,
+    Tokenizer,
+    generation_eos_token_ids,
+    validate_prompt,
+)
+from engine.serve.output_processor import OutputProcessor, RequestOutput
+from engine.worker.config import LoadFormat, WorkerConfig
+from engine.worker.executor import TorchExecutor
+from engine.worker.model_config import ModelConfig, load_model_config
+
+#: The scheduler's token budget when none is given (vLLM's class default).
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+DEFAULT_MAX_NUM_SEQS = 128
+
+Prompt = str | Sequence[int] | dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineArgs:
+    """Every knob of a real engine; ``None`` means "derive it" (see each field)."""
+
+    model: str  # local checkpoint directory
+    tokenizer: str | None = None  # directory with tokenizer.json; None = the model directory
+    dtype: str = "auto"  # auto (config.json), float32, float16, bfloat16
+    device: str = "auto"  # auto, cpu, cuda, cuda:N
+    max_model_len: int | None = None  # None = config.json's max_position_embeddings
+    max_num_batched_tokens: int | None = None  # None = 2048 (max_model_len w/o chunked prefill)
+    max_num_seqs: int | None = None  # None = min(128, max_num_batched_tokens)
+    block_size: int = 16  # tokens per KV block
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    async_scheduling: bool = False
+    long_prefill_token_threshold: int = 0
+    policy: str = "fcfs"  # fcfs or priority
+    num_gpu_blocks: int | None = None  # exact KV block count (incl. the null block)
+    kv_cache_memory: int | None = None  # KV bytes; None = profile (CUDA) / 1 GiB (CPU)
+    gpu_memory_utilization: float = 0.9
+    load_format: LoadFormat = "safetensors"  # "dummy" = random weights
+    attention_backend: str | None = None  # None = kernels.select_backend default
+    seed: int = 0  # engine-wide sampling seed
+
+    def __post_init__(self) -> None:
+        self.worker_config()  # validates the worker knobs
+        CacheConfig(block_size=self.block_size)  # validates the block size
+        if self.policy not in ("fcfs", "priority"):
+            raise ConfigError(f"policy must be 'fcfs' or 'priority', got {self.policy!r}")
+
+    def scheduler_config(self, model_config: ModelConfig) -> SchedulerConfig:
+        limit = model_config.max_position_embeddings
+        max_model_len = self.max_model_len or limit
+        if max_model_len > limit:
+            raise ConfigError(
+                f"max_model_len={max_model_len} exceeds the model's max_position_embeddings "
+                f"({limit})"
+            )
+        budget = self.max_num_batched_tokens
+        if budget is None:
+            budget = DEFAULT_MAX_NUM_BATCHED_TOKENS
+            if not self.enable_chunked_prefill:
+                budget = max(budget, max_model_len)
+        return SchedulerConfig(
+            max_num_batched_tokens=budget,
+            max_num_seqs=self.max_num_seqs or min(DEFAULT_MAX_NUM_SEQS, budget),
+            max_model_len=max_model_len,
+            enable_chunked_prefill=self.enable_chunked_prefill,
+            long_prefill_token_threshold=self.long_prefill_token_threshold,
+            policy=self.policy,  # type: ignore[arg-type]
+            async_scheduling=self.async_scheduling,
+        )
+
+    def worker_config(self) -> WorkerConfig:
+        return WorkerConfig(
+            model=self.model, dtype=self.dtype, device=self.device, load_format=self.load_format,
+            kv_cache_memory_bytes=self.kv_cache_memory,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            num_gpu_blocks_override=self.num_gpu_blocks,
+            attention_backend=self.attention_backend, seed=self.seed,
+        )
+
+    def build(self) -> RealEngine:
+        """Load the model, size the KV cache and create the engine core."""
+        model_config = load_model_config(self.model)
+        scheduler = self.scheduler_config(model_config)
+        executor = TorchExecutor(self.worker_config(), scheduler, self.block_size)
+        engine_config = EngineConfig(
+            scheduler=scheduler,
+            cache=CacheConfig(
+                num_gpu_blocks=executor.num_gpu_blocks,
+                block_size=self.block_size,
+                enable_prefix_caching=self.enable_prefix_caching,
+            ),
+        )
+        tokenizer_dir = self.tokenizer or self.model
+        tokenizer = (
+            Tokenizer.from_dir(tokenizer_dir) if Tokenizer.has_tokenizer(tokenizer_dir) else None
+        )
+        return RealEngine(self, model_config, engine_config, EngineCore(engine_config),
+                          executor, tokenizer)
+
+
+class RealEngine:
+    """The assembled real engine: core, executor, tokenizer and request construction."""
+
+    def __init__(
+        self,
+        args: EngineArgs,
+        model_config: ModelConfig,
+        engine_config: EngineConfig,
+        core: EngineCore,
+        executor: TorchExecutor,
+        tokenizer: Tokenizer | None,
+    ) -> None:
+        self.args = args
+        self.model_config = model_config
+        self.engine_config = engine_config
+        self.core = core
+        self.executor = executor
+        self.tokenizer = tokenizer
+        eos = tokenizer.eos_token_id if tokenizer is not None else None
+        if eos is None and model_config.eos_token_ids:
+            eos = model_config.eos_token_ids[0]
+        self.eos_token_id: int | None = eos
+        extra = generation_eos_token_ids(args.model) or model_config.eos_token_ids
+        self.extra_stop_token_ids = tuple(t for t in dict.fromkeys(extra) if t != eos)
+        cache = engine_config.cache
+        self.block_hasher = (
+            TokenBlockHasher(cache.block_size) if cache.enable_prefix_caching else None
+        )
+
+    def make_request(
+        self,
+        req_id: str,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        arrival_time: float,
+        priority: int = 0,
+    ) -> Request:
+        """A validated core ``Request`` with the model's EOS and generation-config stop ids."""
+        validate_prompt(
+            prompt_token_ids,
+            vocab_size=self.model_config.vocab_size,
+            max_model_len=self.engine_config.scheduler.max_model_len,
+        )
+        if self.extra_stop_token_ids and not params.ignore_eos:
+            stops = tuple(dict.fromkeys((*params.stop_token_ids, *self.extra_stop_token_ids)))
+            params = dataclasses.replace(params, stop_token_ids=stops)
+        return Request(
+            req_id,
+            sampling_params=params,
+            prompt_token_ids=prompt_token_ids,
+            arrival_time=arrival_time,
+            priority=priority,
+            eos_token_id=self.eos_token_id,
+            block_hasher=self.block_hasher,
+        )
+
+
+class LLM:
+    """Generate for batches of prompts on a local checkpoint (vLLM's offline ``LLM``)."""
+
+    def __init__(self, model: str, clock: Callable[[], float] = time.perf_counter,
+                 **engine_args: Any) -> None:
+        self.engine = EngineArgs(model=model, **engine_args).build()
+        self.clock = clock
+        self.loop = EngineLoop(self.engine.core, self.engine.executor, clock)
+        self._ids = itertools.count()
+
+    @property
+    def core(self) -> EngineCore:
+        return self.engine.core
+
+    @property
+    def executor(self) -> TorchExecutor:
+        return self.engine.executor
+
+    def get_tokenizer(self) -> Tokenizer | None:
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """One output per prompt, in order. A prompt is a string, a list of token ids, or a
+        dict with ``prompt`` or ``prompt_token_ids``."""
+        arrival = self.clock()
+        items = [self._tokenize(p) for p in _as_prompt_list(prompts)]
+        return self._run(items, _per_prompt(sampling_params, len(items)), arrival)
+
+    def chat(
+        self,
+        messages: Sequence[dict[str, Any]] | Sequence[Sequence[dict[str, Any]]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        """Apply the chat template to one conversation (or several), then generate."""
+        arrival = self.clock()
+        tokenizer = self._require_tokenizer("chat")
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        items: list[tuple[str | None, list[int]]] = []
+        for conversation in conversations:
+            text = tokenizer.apply_chat_template(conversation, add_generation_prompt)  # type: ignore[arg-type]
+            items.append((text, tokenizer.encode(text, add_special_tokens=False)))
+        return self._run(items, _per_prompt(sampling_params, len(items)), arrival)
+
+    def shutdown(self) -> None:
+        self.engine.executor.shutdown()
+
+    # -- internals ------------------------------------------------------------------------------
+    def _require_tokenizer(self, what: str) -> Tokenizer:
+        tokenizer = self.engine.tokenizer
+        if tokenizer is None:
+            raise PromptError(f"{what} needs a tokenizer, but the checkpoint has no tokenizer.json")
+        return tokenizer
+
+    def _tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]]
+            prompt = prompt.get("prompt", "")
+        if isinstance(prompt, str):
+            return prompt, self._require_tokenizer("a text prompt").encode(prompt)
+        return None, [int(t) for t in prompt]
+
+    def _run(
+        self,
+        items: list[tuple[str | None, list[int]]],
+        params: list[SamplingParams],
+        arrival_s: float,
+    ) -> list[RequestOutput]:
+        """Run the batch to completion, writing the front-end events the simulator writes too:
+        arrival (payload: prompt tokens), front-end start, tokenized, per-step delivery and
+        the delivery of each finished request."""
+        engine, clock, log = self.engine, self.clock, self.engine.core.event_log
+        requests = [
+            engine.make_request(str(next(self._ids)), ids, p, arrival_time=arrival_s)
+            for (_, ids), p in zip(items, params, strict=True)
+        ]
+        processor = OutputProcessor(engine.tokenizer)
+        for (text, ids), p, request in zip(items, params, requests, strict=True):
+            processor.add_request(request.req_id, text, ids, p)
+        tokenized_s = clock()
+        for request in requests:
+            log.record(request.req_id, EventKind.ARRIVAL, arrival_s, request.num_prompt_tokens)
+            log.record(request.req_id, EventKind.FRONTEND_START, arrival_s)
+            log.record(request.req_id, EventKind.TOKENIZED, tokenized_s)
+            engine.core.add_request(request, clock())
+        results: dict[str, RequestOutput] = {}
+        while self.loop.has_work():
+            outputs = self.loop.step()
+            if not outputs:
+                continue
+            processed = processor.process_outputs(outputs)
+            delivered_s = clock()
+            if self.loop.applied_step_id is not None:
+                log.record_delivery(self.loop.applied_step_id, delivered_s)
+            for out in processed.finished:
+                results[out.req_id] = out
+                log.record(out.req_id, EventKind.DELIVERED, delivered_s)
+            if processed.reqs_to_abort:
+                engine.core.abort_requests(processed.reqs_to_abort, clock())
+        return [results[r.req_id] for r in requests]
+
+
+def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
+    if isinstance(prompts, str | dict):
+        return [prompts]
+    items: list[Any] = list(prompts)
+    if items and all(isinstance(t, int) for t in items):
+        return [items]  # one prompt given as token ids
+    return items
+
+
+def _per_prompt(
+    params: SamplingParams | Sequence[SamplingParams] | None, n: int
+) -> list[SamplingParams]:
+    if params is None:
+        return [SamplingParams()] * n
+    if isinstance(params, SamplingParams):
+        return [params] * n
+    listed = list(params)
+    if len(listed) != n:
+        raise ConfigError(f"{len(listed)} sampling params for {n} prompts")
+    return listed

@@ -1,0 +1,1 @@
+"""The real online/offline path around the engine core: front end, output path, engine loop."""
