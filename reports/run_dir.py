@@ -1,0 +1,171 @@
+"""A run directory: everything one run produced, and the report rebuilt from it (METRICS.md §4).
+
+Layout::
+
+    RUN_DIR/config.json             meta: config, seed, version, git commit, kind, stats (meta.py)
+    RUN_DIR/requests.parquet|csv    one row per request (tables.build_requests)
+    RUN_DIR/steps.parquet|csv       one row per engine step (+ delivered_time_s)
+    RUN_DIR/token_runs.parquet|csv  one row per token run
+    RUN_DIR/summary.json            vllm-bench-compatible summary + our sections (metrics.py)
+    RUN_DIR/report.md, report.html  the report (render.py); the HTML embeds the plots
+    RUN_DIR/plots/*.png             the plots (plots.py), unless plots=False
+
+The tables hold everything the summary is computed from, so ``rebuild_report`` reproduces
+``summary.json`` from the files alone (the round trip is tested). Parquet is the default: CSV
+writing of ~300k steps is far slower than the simulator that produced them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import pandas as pd
+
+from engine.core.events import EventLog
+from reports.errors import ReportError
+from reports.meta import read_json, token_budget, write_json
+from reports.metrics import summarize
+from reports.stats import DEFAULT_PERCENTILE_METRICS, DEFAULT_PERCENTILES
+from reports.tables import RunTables, build_tables
+
+TABLES: tuple[str, ...] = ("requests", "steps", "token_runs")
+FileFormat = Literal["parquet", "csv"]
+
+
+def write_tables(out_dir: str | Path, tables: RunTables, file_format: FileFormat) -> None:
+    d = Path(out_dir)
+    for name in TABLES:
+        df: pd.DataFrame = getattr(tables, name)
+        if file_format == "parquet":
+            df.to_parquet(d / f"{name}.parquet", index=False)
+        elif file_format == "csv":
+            df.to_csv(d / f"{name}.csv", index=False)
+        else:
+            raise ReportError(f"unknown file format {file_format!r}: use parquet or csv")
+
+
+def _read_table(d: Path, name: str) -> pd.DataFrame:
+    parquet, csv = d / f"{name}.parquet", d / f"{name}.csv"
+    if parquet.exists():
+        return pd.read_parquet(parquet)
+    if csv.exists():
+        df = pd.read_csv(csv, dtype={"req_id": str})
+        if "admission_blocker" in df:
+            df["admission_blocker"] = pd.Categorical(
+                df["admission_blocker"].fillna("").astype(str)
+            )
+        for col in ("finish_reason", "rejected_reason"):
+            if col in df:
+                df[col] = pd.Categorical(df[col].astype(object))
+        if "success" in df:
+            df["success"] = df["success"].astype(bool)
+        return df
+    raise ReportError(f"{d} is not a run directory: it has no {name}.parquet or {name}.csv")
+
+
+def load_run_dir(run_dir: str | Path) -> tuple[dict[str, Any], RunTables]:
+    """``(meta, tables)`` of a run directory written by ``write_run_dir``."""
+    d = Path(run_dir)
+    if not d.is_dir():
+        raise ReportError(f"run directory {d} does not exist")
+    config = d / "config.json"
+    if not config.exists():
+        raise ReportError(f"{d} is not a run directory: it has no config.json")
+    meta = read_json(config)
+    tables = RunTables(*(_read_table(d, name) for name in TABLES))
+    return meta, tables
+
+
+def write_report_files(
+    out_dir: str | Path,
+    tables: RunTables,
+    meta: Mapping[str, Any],
+    *,
+    goodput: Mapping[str, float] | None,
+    percentiles: Sequence[float],
+    percentile_metrics: Sequence[str],
+    plots: bool,
+    detailed: bool = False,
+) -> dict[str, Any]:
+    """summary.json, plots/*.png and report.md/.html from tables; returns the summary."""
+    from reports.render import write_report
+
+    d = Path(out_dir)
+    summary = summarize(
+        tables, meta, goodput=goodput, percentiles=percentiles,
+        percentile_metrics=percentile_metrics, detailed=detailed,
+    )
+    write_json(d / "summary.json", summary)
+    pngs: dict[str, Path] = {}
+    if plots:
+        from reports.plots import plot_run
+
+        pngs = plot_run(tables, summary, d / "plots", token_budget(meta))
+    write_report(d, summary, meta, pngs)
+    return summary
+
+
+def write_run_dir(
+    out_dir: str | Path,
+    log: EventLog,
+    meta: Mapping[str, Any],
+    *,
+    goodput: Mapping[str, float] | None = None,
+    percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+    percentile_metrics: Sequence[str] = DEFAULT_PERCENTILE_METRICS,
+    plots: bool = True,
+    file_format: FileFormat = "parquet",
+    detailed: bool = False,
+) -> dict[str, Any]:
+    """Write a complete run directory for ``log`` (see the module docstring); the summary."""
+    if file_format not in ("parquet", "csv"):
+        raise ReportError(f"unknown file format {file_format!r}: use parquet or csv")
+    d = Path(out_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    meta = dict(meta)
+    meta.setdefault("date", datetime.now().strftime("%Y%m%d-%H%M%S"))
+    write_json(d / "config.json", meta)
+    tables = build_tables(log)
+    for stale in TABLES:  # never leave a table of the other format behind
+        other = d / f"{stale}.{'csv' if file_format == 'parquet' else 'parquet'}"
+        other.unlink(missing_ok=True)
+    write_tables(d, tables, file_format)
+    return write_report_files(
+        d, tables, read_json(d / "config.json"), goodput=goodput, percentiles=percentiles,
+        percentile_metrics=percentile_metrics, plots=plots, detailed=detailed,
+    )
+
+
+def rebuild_report(
+    run_dir: str | Path,
+    *,
+    goodput: Mapping[str, float] | None = None,
+    percentiles: Sequence[float] | None = None,
+    percentile_metrics: Sequence[str] | None = None,
+    plots: bool = True,
+    detailed: bool | None = None,
+) -> dict[str, Any]:
+    """Recompute summary.json, plots and report from the run directory's files.
+
+    Options left None keep the values the previous summary was written with (its
+    ``report_options``), else vllm bench's defaults.
+    """
+    d = Path(run_dir)
+    meta, tables = load_run_dir(d)
+    previous: Mapping[str, Any] = {}
+    if (d / "summary.json").exists():
+        previous = read_json(d / "summary.json").get("report_options") or {}
+    return write_report_files(
+        d, tables, meta,
+        goodput=previous.get("goodput") if goodput is None else goodput,
+        percentiles=previous.get("percentiles", DEFAULT_PERCENTILES)
+        if percentiles is None else percentiles,
+        percentile_metrics=previous.get("percentile_metrics", DEFAULT_PERCENTILE_METRICS)
+        if percentile_metrics is None else percentile_metrics,
+        plots=plots,
+        detailed=bool(previous.get("detailed", False)) if detailed is None else detailed,
+    )
+

@@ -1,0 +1,285 @@
+"""The event log as three DataFrames: one row per request, per engine step, per token run.
+
+``build_tables(log)`` is the only place that reads an ``EventLog``; everything else in
+``reports`` works on ``RunTables``, which a run directory stores and loads back unchanged, so a
+report rebuilt from files equals the one written at the end of the run.
+
+Invariants (each checked by tests):
+
+* ``requests`` has one row per request, row ``i`` is ``req_index`` ``i``; a stage time is NaN
+  when the log has no such event; token times are *client* times: the token of step ``s`` is
+  delivered at ``steps.delivered_time_s[s]``;
+* ``ttft_s``/``e2el_s`` are the first/last token's delivery time minus the send time
+  (METRICS.md §1), ``tpot_s`` is NaN for requests with ≤ 1 output token;
+* the ``seg_*`` columns (``breakdown.SEGMENTS``) are consecutive and sum to ``ttft_s`` (TTFT
+  path) and ``e2el_s`` (E2EL path) for every successful request;
+* ``steps`` is sorted by ``step_id``; ``token_runs`` is sorted by (``req_index``,
+  ``first_step``).
+
+Everything is vectorised over requests and steps: a million requests build in seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from engine.core.events import STEP_COLUMNS, EventKind, EventLog
+from reports.breakdown import segment_columns
+
+#: Finish reasons that count as a successful request (vllm bench: the stream completed).
+SUCCESS_REASONS: frozenset[str] = frozenset({"stop", "length", "repetition"})
+
+#: Stage events stored as one time column each (first occurrence in time).
+STAGE_COLUMNS: dict[str, EventKind] = {
+    "arrival_s": EventKind.ARRIVAL,
+    "frontend_start_s": EventKind.FRONTEND_START,
+    "tokenized_s": EventKind.TOKENIZED,
+    "engine_enqueued_s": EventKind.ENGINE_ENQUEUED,
+    "scheduled_s": EventKind.SCHEDULED,  # first admission
+    "first_token_s": EventKind.FIRST_TOKEN,  # engine-side
+    "finished_s": EventKind.FINISHED,
+    "delivered_s": EventKind.DELIVERED,
+    "rejected_s": EventKind.REJECTED,
+}
+
+
+@dataclass(frozen=True, eq=False)
+class RunTables:
+    """A run's per-request, per-step and per-token-run tables (see the module invariants)."""
+
+    requests: pd.DataFrame  # one row per request
+    steps: pd.DataFrame  # one row per engine step, + delivered_time_s
+    token_runs: pd.DataFrame  # req_index, first_step, num_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class _Events:
+    """The stage events as numpy columns."""
+
+    req: np.ndarray  # int64 req_index
+    kind: np.ndarray  # int8 EventKind
+    time_s: np.ndarray  # float64
+    payload: list[int | str | None]
+
+
+def build_tables(log: EventLog) -> RunTables:
+    """The three tables of ``log`` (copies: the log may keep growing afterwards)."""
+    steps = build_steps(log)
+    runs = build_token_runs(log)
+    requests = build_requests(log, steps, runs)
+    return RunTables(requests, steps, runs)
+
+
+def build_steps(log: EventLog) -> pd.DataFrame:
+    """One row per step, sorted by ``step_id``, with ``delivered_time_s`` (NaN: no outputs)."""
+    cols = log.steps_columns()
+    data: dict[str, object] = {}
+    for name in STEP_COLUMNS:
+        col = cols[name]
+        if name == "admission_blocker":
+            data[name] = pd.Categorical(list(col))  # type: ignore[call-overload]
+        else:
+            dtype = np.float64 if getattr(col, "typecode", "d") == "d" else np.int64
+            data[name] = _copy_array(col, dtype)
+    steps = pd.DataFrame(data)
+    if len(steps) and not steps["step_id"].is_monotonic_increasing:
+        steps = steps.sort_values("step_id", kind="stable", ignore_index=True)
+    delivered = log.delivered_times()
+    ids = np.fromiter(delivered.keys(), dtype=np.int64, count=len(delivered))
+    times = np.fromiter(delivered.values(), dtype=np.float64, count=len(delivered))
+    lookup = pd.Series(times, index=ids)
+    steps["delivered_time_s"] = lookup.reindex(steps["step_id"].to_numpy()).to_numpy()
+    return steps
+
+
+def build_token_runs(log: EventLog) -> pd.DataFrame:
+    """Token runs sorted by (req_index, first_step)."""
+    runs = log.token_runs()
+    req = _copy_array(runs["req_index"], np.int64)
+    first = _copy_array(runs["first_step"], np.int64)
+    count = _copy_array(runs["num_tokens"], np.int64)
+    order = np.lexsort((first, req))
+    return pd.DataFrame(
+        {"req_index": req[order], "first_step": first[order], "num_tokens": count[order]}
+    )
+
+
+def step_lookup(steps: pd.DataFrame, column: str) -> np.ndarray:
+    """``column`` as a dense array indexed by step_id (NaN where no such step)."""
+    ids = steps["step_id"].to_numpy()
+    size = int(ids.max()) + 1 if len(ids) else 0
+    out = np.full(size, np.nan)
+    out[ids] = steps[column].to_numpy(dtype=np.float64)
+    return out
+
+
+def build_requests(log: EventLog, steps: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per request: stage times, token counts, derived metrics, breakdown segments."""
+    n = len(log.req_ids)
+    ev = _events(log)
+    cols: dict[str, object] = {
+        "req_index": np.arange(n, dtype=np.int64),
+        "req_id": pd.array(log.req_ids, dtype="str"),
+    }
+    times = {name: _first_time(ev, kind, n) for name, kind in STAGE_COLUMNS.items()}
+    tokens = _token_columns(steps, runs, n)
+    finish = _reason_column(ev, EventKind.FINISHED, n)
+    rejected = _reason_column(ev, EventKind.REJECTED, n)
+    success = (
+        np.asarray(finish.isin(list(SUCCESS_REASONS)), dtype=bool)
+        & np.isnan(times["rejected_s"])
+        & (tokens["num_output_tokens"] > 0)
+    )
+    cols["success"] = success
+    cols["finish_reason"] = finish
+    cols["rejected_reason"] = rejected
+    cols["num_prompt_tokens"] = _int_payload(ev, EventKind.ARRIVAL, n)
+    cols["num_output_tokens"] = tokens["num_output_tokens"]
+    cols["num_preemptions"] = _count(ev, EventKind.PREEMPTED, n)
+    cols["num_schedules"] = _count(ev, EventKind.SCHEDULED, n)
+    cols["prefix_hit_tokens"] = _first_admission_payload(ev, n)
+    cols.update(times)
+    if "replica" in steps:  # data-parallel engines: the one that produced the tokens
+        cols["replica"] = pd.array(tokens["replica"], dtype="Int64")
+    cols["last_token_s"] = tokens["last_token_s"]
+    cols["first_token_delivered_s"] = tokens["first_token_delivered_s"]
+    cols["last_token_delivered_s"] = tokens["last_token_delivered_s"]
+    cols.update(_derived(cols, tokens["num_output_tokens"]))
+    cols.update(segment_columns(cols, steps))
+    return pd.DataFrame(cols)
+
+
+def _derived(cols: dict[str, object], num_output: np.ndarray) -> dict[str, np.ndarray]:
+    """TTFT, TPOT, E2EL (client side) and vLLM's engine-side request intervals."""
+    c = {k: np.asarray(v) for k, v in cols.items() if k.endswith("_s")}
+    ttft = c["first_token_delivered_s"] - c["arrival_s"]
+    e2el = c["last_token_delivered_s"] - c["arrival_s"]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tpot = np.where(num_output > 1, (e2el - ttft) / (num_output - 1), np.nan)
+    return {
+        "ttft_s": ttft,
+        "tpot_s": tpot,
+        "e2el_s": e2el,
+        "queue_time_s": c["scheduled_s"] - c["engine_enqueued_s"],
+        "prefill_time_s": c["first_token_s"] - c["scheduled_s"],
+        "decode_time_s": c["last_token_s"] - c["first_token_s"],
+        "inference_time_s": c["last_token_s"] - c["scheduled_s"],
+    }
+
+
+def _token_columns(steps: pd.DataFrame, runs: pd.DataFrame, n: int) -> dict[str, np.ndarray]:
+    """Per request: output tokens, engine time of the last token, first/last delivery times,
+    and the replica (data-parallel engine) whose step produced the first token."""
+    req = runs["req_index"].to_numpy()
+    first = runs["first_step"].to_numpy()
+    last = first + runs["num_tokens"].to_numpy() - 1
+    num_output = np.bincount(req, weights=runs["num_tokens"].to_numpy(), minlength=n)
+    num_output = num_output.astype(np.int64)
+    has = num_output > 0
+    first_step = np.full(n, np.iinfo(np.int64).max)
+    np.minimum.at(first_step, req, first)
+    last_step = np.full(n, -1, dtype=np.int64)
+    np.maximum.at(last_step, req, last)
+    first_step[~has] = 0
+    last_step[~has] = 0
+    delivered = step_lookup(steps, "delivered_time_s")
+    update = step_lookup(steps, "update_time_s")
+    nan = np.full(n, np.nan)
+    if len(delivered) == 0:
+        return {
+            "num_output_tokens": num_output, "last_token_s": nan,
+            "first_token_delivered_s": nan, "last_token_delivered_s": nan, "replica": nan,
+        }
+    replica = nan
+    if "replica" in steps:
+        replica = np.where(has, step_lookup(steps, "replica")[first_step], np.nan)
+    return {
+        "replica": replica,
+        "num_output_tokens": num_output,
+        "last_token_s": np.where(has, update[last_step], np.nan),
+        "first_token_delivered_s": np.where(has, delivered[first_step], np.nan),
+        "last_token_delivered_s": np.where(has, delivered[last_step], np.nan),
+    }
+
+
+# -- event columns --------------------------------------------------------------------------------
+def _copy_array(col: Any, dtype: type) -> np.ndarray:
+    """A numpy copy of a typed ``array.array`` (or list) column."""
+    if hasattr(col, "typecode"):
+        raw = np.frombuffer(col, dtype=np.dtype(col.typecode)) if len(col) else np.zeros(0)
+        return raw.astype(dtype, copy=True)
+    return np.asarray(col, dtype=dtype).copy()
+
+
+def _events(log: EventLog) -> _Events:
+    ev = log.events_columns()
+    return _Events(
+        _copy_array(ev["req_index"], np.int64),
+        _copy_array(ev["kind"], np.int8),
+        _copy_array(ev["time_s"], np.float64),
+        ev["payload"],  # type: ignore[arg-type]
+    )
+
+
+def _first_time(ev: _Events, kind: EventKind, n: int) -> np.ndarray:
+    """Per request, the earliest time of ``kind`` (NaN if none)."""
+    mask = ev.kind == int(kind)
+    out = np.full(n, np.inf)
+    np.minimum.at(out, ev.req[mask], ev.time_s[mask])
+    out[np.isinf(out)] = np.nan
+    return out
+
+
+def _count(ev: _Events, kind: EventKind, n: int) -> np.ndarray:
+    return np.bincount(ev.req[ev.kind == int(kind)], minlength=n).astype(np.int64)
+
+
+def _payloads(ev: _Events, idx: np.ndarray) -> list[int | str | None]:
+    payload = ev.payload
+    return [payload[i] for i in idx.tolist()]
+
+
+def _ints(values: list[int | str | None]) -> np.ndarray:
+    """Integer payloads as int64 (anything not an int counts as 0)."""
+    try:
+        return np.array(values, dtype=np.int64).reshape(len(values))
+    except (TypeError, ValueError):
+        return np.fromiter(
+            (v if isinstance(v, int) else 0 for v in values), np.int64, len(values)
+        )
+
+
+def _int_payload(ev: _Events, kind: EventKind, n: int) -> np.ndarray:
+    """The integer payload of ``kind`` per request (0 where absent)."""
+    idx = np.flatnonzero(ev.kind == int(kind))
+    out = np.zeros(n, dtype=np.int64)
+    out[ev.req[idx]] = _ints(_payloads(ev, idx))
+    return out
+
+
+def _first_admission_payload(ev: _Events, n: int) -> np.ndarray:
+    """Prefix-cache hit tokens at each request's first SCHEDULED event (0 if never)."""
+    idx = np.flatnonzero(ev.kind == int(EventKind.SCHEDULED))
+    order = np.lexsort((ev.time_s[idx], ev.req[idx]))
+    idx = idx[order]
+    _, first = np.unique(ev.req[idx], return_index=True)
+    idx = idx[first]
+    out = np.zeros(n, dtype=np.int64)
+    out[ev.req[idx]] = _ints(_payloads(ev, idx))
+    return out
+
+
+def _reason_column(ev: _Events, kind: EventKind, n: int) -> pd.Categorical:
+    """The string payload of ``kind`` per request, categorical (NaN where absent)."""
+    idx = np.flatnonzero(ev.kind == int(kind))
+    reasons = np.empty(len(idx), dtype=object)
+    reasons[:] = _payloads(ev, idx)
+    codes, categories = pd.factorize(reasons)  # None -> code -1 (missing)
+    categories = [str(c) for c in categories]
+    full = np.full(n, -1, dtype=np.int64)
+    full[ev.req[idx]] = codes
+    return pd.Categorical.from_codes(full, categories=pd.Index(categories, dtype=object))

@@ -1,0 +1,135 @@
+"""Run directories: write → load → the same summary; rebuild keeps options; compare; plots."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from reports.compare import compare_runs
+from reports.errors import ReportError
+from reports.meta import read_json, to_jsonable
+from reports.metrics import summarize
+from reports.plots import plot_rate_sweep
+from reports.run_dir import load_run_dir, rebuild_report, write_run_dir
+from reports.timeseries import bin_steps
+from tests.reports.logs import known_log
+
+META = {"kind": "simulated", "label": "known", "seed": 7, "version": "0.1.0",
+        "git_commit": "abc123", "config": {"model": "m", "workload": {"request_rate": 2.0}},
+        "engine_config": {"scheduler": {"max_num_batched_tokens": 8}},
+        "stats": {"api_server_busy_s": 0.3, "output_processor_busy_s": np.float64(0.1)}}
+OPTS = {"goodput": {"ttft": 2000.0}, "percentiles": [50, 99], "percentile_metrics": ["ttft",
+                                                                                      "e2el"]}
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("run")
+    summary = write_run_dir(d, known_log(), META, plots=True, **OPTS)
+    return d, summary
+
+
+def _plain(x):
+    return json.loads(json.dumps(to_jsonable(x)))
+
+
+def test_layout(run_dir):
+    d, summary = run_dir
+    for name in ("config.json", "summary.json", "report.md", "report.html",
+                 "requests.parquet", "steps.parquet", "token_runs.parquet"):
+        assert (d / name).stat().st_size > 0, name
+    pngs = sorted(p.name for p in (d / "plots").glob("*.png"))
+    assert pngs == ["batch_composition.png", "breakdown.png", "kv_and_queues.png",
+                    "latency_cdfs.png"]
+    for p in (d / "plots").glob("*.png"):
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert read_json(d / "summary.json") == _plain(summary)
+    meta = read_json(d / "config.json")
+    assert meta["seed"] == 7 and meta["git_commit"] == "abc123" and "date" in meta
+    assert summary["seed"] == 7 and summary["version"] == "0.1.0" and summary["label"] == "known"
+
+
+def test_report_contents(run_dir):
+    d, summary = run_dir
+    md = (d / "report.md").read_text()
+    html = (d / "report.html").read_text()
+    for text in ("Serving Benchmark Result", "Diagnosis: ", "Where the time went",
+                 "Engine statistics", "waiting: KV blocks", summary["diagnosis"]["text"][:40]):
+        assert text in md, text
+    assert "![Latency CDFs" in md and "plots/latency_cdfs.png" in md
+    assert html.count("data:image/png;base64,") == 4  # self-contained
+    assert "src='plots/" not in html and "<table>" in html
+
+
+@pytest.mark.parametrize("file_format", ["parquet", "csv"])
+def test_round_trip_gives_the_same_summary(tmp_path, file_format):
+    summary = write_run_dir(tmp_path, known_log(), META, plots=False, file_format=file_format,
+                            **OPTS)
+    meta, tables = load_run_dir(tmp_path)
+    again = summarize(tables, meta, **OPTS)
+    assert _plain(again) == _plain(summary)
+    assert list(tmp_path.glob(f"*.{file_format}")) and not (tmp_path / "plots").exists()
+    assert tables.requests["req_id"].tolist() == ["a", "c", "b", "d"]
+
+
+def test_rebuild_keeps_previous_options_unless_given(run_dir, tmp_path):
+    write_run_dir(tmp_path, known_log(), META, plots=False, **OPTS)
+    kept = rebuild_report(tmp_path, plots=False)
+    assert kept["report_options"]["percentiles"] == [50.0, 99.0]
+    assert kept["request_goodput"] == pytest.approx(1 / 6.6) and "p50_e2el_ms" in kept
+    changed = rebuild_report(tmp_path, goodput={}, percentiles=[90], plots=False)
+    assert changed["request_goodput"] is None and "p90_ttft_ms" in changed
+    assert read_json(tmp_path / "summary.json")["report_options"]["percentiles"] == [90.0]
+
+
+def test_load_errors_are_report_errors(tmp_path):
+    with pytest.raises(ReportError, match="does not exist"):
+        load_run_dir(tmp_path / "missing")
+    with pytest.raises(ReportError, match=r"config\.json"):
+        load_run_dir(tmp_path)
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ReportError, match="requests"):
+        load_run_dir(tmp_path)
+
+
+def test_compare_runs(run_dir, tmp_path):
+    d, _ = run_dir
+    other = tmp_path / "other"
+    write_run_dir(other, known_log(), {**META, "label": "copy"}, plots=False)
+    out = tmp_path / "cmp"
+    result = compare_runs([d, other], out, labels=["A", "B"], percentiles=[50, 99])
+    assert {p.name for p in out.iterdir()} == {"compare.json", "compare.md", "compare.html",
+                                               "compare_cdfs.png"}
+    rows = pd.DataFrame(result["rows"])
+    b = rows[rows["run"] == "B"]
+    assert set(b["metric"]) >= {"ttft", "tpot", "itl", "e2el", "request_throughput"}
+    assert (b["rel_diff"].dropna() == 0).all()  # the same log twice
+    assert set(b["stat"]) >= {"mean", "median", "p99"}
+    assert "Δ B vs A" in (out / "compare.md").read_text()
+    with pytest.raises(ReportError):
+        compare_runs([d], out)
+    with pytest.raises(ReportError):
+        compare_runs([d, other], out, labels=["only-one"])
+
+
+def test_rate_sweep_plot(tmp_path):
+    summaries = [{"request_rate": r, "median_ttft_ms": 10 * r, "p99_ttft_ms": 20 * r,
+                  "median_tpot_ms": 5.0, "median_e2el_ms": 100.0 + r,
+                  "request_throughput": min(r, 4.0), "request_goodput": min(r, 3.0)}
+                 for r in (1.0, 2.0, 4.0, 8.0)] + [{"request_rate": "inf"}]
+    png = plot_rate_sweep(summaries, tmp_path / "sweep.png")
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bin_steps_mean_max_and_gaps():
+    steps = pd.DataFrame({"update_time_s": [0.0, 0.1, 0.2, 0.9, 1.0],
+                          "kv_usage": [0.1, 0.3, 0.5, 0.9, 0.7]})
+    b = bin_steps(steps, ["kv_usage"], max_bins=5)
+    assert b.count.tolist() == [2, 1, 0, 0, 2]
+    np.testing.assert_allclose(b.mean["kv_usage"][:2], [0.2, 0.5])
+    assert math.isnan(b.mean["kv_usage"][2]) and b.max["kv_usage"][4] == 0.9
+    assert len(bin_steps(steps.iloc[:0], ["kv_usage"]).time_s) == 0

@@ -1,0 +1,140 @@
+"""``build_tables`` on hand-built logs: stage times, derived metrics and breakdown segments."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from engine.core.events import EventKind as K
+from engine.core.events import EventLog
+from reports.breakdown import SEGMENTS, column, path_segments
+from reports.tables import build_tables
+from tests.reports.logs import add_steps, known_log
+
+
+@pytest.fixture(scope="module")
+def tables():
+    return build_tables(known_log())
+
+
+def row(tables, req_id: str) -> pd.Series:
+    req = tables.requests
+    return req[req["req_id"] == req_id].iloc[0]
+
+
+def test_one_row_per_request_in_index_order(tables):
+    req = tables.requests
+    assert req["req_id"].tolist() == ["a", "c", "b", "d"]
+    assert req["req_index"].tolist() == [0, 1, 2, 3]
+    assert req["success"].tolist() == [True, True, True, False]
+
+
+def test_stage_times_and_counts(tables):
+    a, b, c, d = (row(tables, x) for x in "abcd")
+    assert (a.arrival_s, a.frontend_start_s, a.tokenized_s, a.engine_enqueued_s) == (
+        0.0, 0.1, 0.2, 0.5)
+    assert (a.scheduled_s, a.first_token_s, a.finished_s, a.delivered_s) == (2.0, 2.5, 4.5, 4.6)
+    assert c.scheduled_s == 1.0  # the first admission, not the resume at 4.0
+    assert (a.num_prompt_tokens, b.num_prompt_tokens, c.num_prompt_tokens) == (10, 20, 30)
+    assert (a.num_output_tokens, b.num_output_tokens, c.num_output_tokens) == (3, 1, 4)
+    assert (a.num_preemptions, c.num_preemptions, c.num_schedules) == (0, 1, 2)
+    assert (a.prefix_hit_tokens, c.prefix_hit_tokens) == (4, 16)  # at first admission
+    assert (a.finish_reason, c.finish_reason) == ("stop", "length")
+    assert d.rejected_reason == "prompt too long" and pd.isna(d.finish_reason)
+    assert np.isnan(d.ttft_s) and np.isnan(d.scheduled_s) and d.rejected_s == 2.0
+
+
+def test_client_metrics(tables):
+    a, b, c = (row(tables, x) for x in "abc")
+    assert a.ttft_s == pytest.approx(2.6) and a.e2el_s == pytest.approx(4.6)
+    assert a.tpot_s == pytest.approx(1.0)
+    assert b.ttft_s == pytest.approx(2.6) and b.e2el_s == pytest.approx(2.6)
+    assert np.isnan(b.tpot_s)  # one output token: no TPOT
+    assert c.ttft_s == pytest.approx(1.1) and c.e2el_s == pytest.approx(6.1)
+    assert c.tpot_s == pytest.approx(5.0 / 3)
+
+
+def test_engine_intervals(tables):
+    a, c = row(tables, "a"), row(tables, "c")
+    assert a.queue_time_s == pytest.approx(1.5)
+    assert a.prefill_time_s == pytest.approx(0.5)
+    assert a.decode_time_s == pytest.approx(2.0)  # first token 2.5 -> last token 4.5
+    assert a.inference_time_s == pytest.approx(2.5)
+    assert c.decode_time_s == pytest.approx(5.0)  # preemption included
+    assert c.last_token_s == 6.5
+
+
+def test_waiting_split_by_blocker(tables):
+    a, b, c = (row(tables, x) for x in "abc")
+    # a waits 0.5 -> 2.0: before the first schedule() (0.5), then step 0's kv_cache (1.0)
+    assert a[column("wait_next_step")] == pytest.approx(0.5)
+    assert a[column("wait_kv_cache")] == pytest.approx(1.0)
+    assert a[column("wait_token_budget")] == 0.0
+    # b waits 1.3 -> 3.0: kv_cache until 2.0, then step 1's token_budget until 3.0
+    assert b[column("wait_kv_cache")] == pytest.approx(0.7)
+    assert b[column("wait_token_budget")] == pytest.approx(1.0)
+    assert b[column("wait_next_step")] == pytest.approx(0.0, abs=1e-12)
+    assert c[column("wait_next_step")] == pytest.approx(0.4)
+
+
+def test_segments_are_consecutive_and_sum_to_latencies(tables):
+    req = tables.requests[tables.requests["success"]]
+    for path, latency in (("ttft", "ttft_s"), ("e2el", "e2el_s")):
+        total = sum(req[column(s.name)] for s in path_segments(path))
+        np.testing.assert_allclose(total, req[latency], rtol=1e-12, atol=1e-12)
+        for s in path_segments(path):
+            assert (req[column(s.name)] >= -1e-12).all(), s.name
+    a = row(tables, "a")
+    expected = {"client_to_frontend": 0.1, "frontend_cpu": 0.1, "ipc_in": 0.3,
+                "prefill": 0.5, "output_first": 0.1, "decode": 2.0, "output_last": 0.1}
+    for name, value in expected.items():
+        assert a[column(name)] == pytest.approx(value), name
+    assert {column(s.name) for s in SEGMENTS} <= set(tables.requests.columns)
+
+
+def test_steps_sorted_with_delivery_times(tables):
+    steps = tables.steps
+    assert steps["step_id"].tolist() == list(range(6))
+    np.testing.assert_allclose(steps["delivered_time_s"], 1.6 + np.arange(6))
+    assert steps["admission_blocker"].astype(str).tolist()[:3] == ["kv_cache", "token_budget", ""]
+
+
+def test_token_runs_sorted(tables):
+    runs = tables.token_runs
+    assert runs.values.tolist() == [[0, 1, 3], [1, 0, 2], [1, 4, 2], [2, 2, 1]]
+
+
+def test_missing_front_end_stages_collapse_to_zero():
+    """An offline run (no API server): the segments still sum to the latency."""
+    log = EventLog()
+    log.record("x", K.ARRIVAL, 0.0, 8)
+    log.record("x", K.ENGINE_ENQUEUED, 0.0)
+    log.record("x", K.SCHEDULED, 1.0, 0)
+    log.record("x", K.FIRST_TOKEN, 1.5)
+    log.record_token("x", 0)
+    log.record_token("x", 1)
+    log.record("x", K.FINISHED, 2.5, "length")
+    log.close_request("x")
+    add_steps(log, 2)
+    r = build_tables(log).requests.iloc[0]
+    assert r[column("client_to_frontend")] == 0.0 and r[column("frontend_cpu")] == 0.0
+    assert r[column("ipc_in")] == 0.0 and r[column("wait_next_step")] == pytest.approx(1.0)
+    assert r.ttft_s == pytest.approx(1.6) and r.tpot_s == pytest.approx(1.0)
+    assert np.isnan(r.delivered_s) and r.success
+
+
+def test_open_runs_and_unfinished_requests_count_as_failed():
+    log = EventLog()
+    log.record("x", K.ARRIVAL, 0.0, 8)
+    log.record("x", K.SCHEDULED, 1.0, 0)
+    log.record_token("x", 0)  # never finished: run still open
+    add_steps(log, 1)
+    t = build_tables(log)
+    assert t.token_runs.values.tolist() == [[0, 0, 1]]
+    assert not t.requests["success"].iloc[0]
+
+
+def test_empty_log():
+    t = build_tables(EventLog())
+    assert len(t.requests) == 0 and len(t.steps) == 0 and len(t.token_runs) == 0
