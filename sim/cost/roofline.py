@@ -41,7 +41,7 @@ class RooflineParams:
     the model's kernels at small batch), not fitted to any validation run.
     """
 
-    kernel_floor_s: float = 4e-6
+    kernel_floor_s: float = 8.4e-6
     step_overhead_s: float = 4e-4
     per_request_overhead_s: float = 2e-6
     attention_compute_efficiency: float = 0.5  # fraction of the GEMM efficiency attention reaches
