@@ -22,6 +22,9 @@ COMMAND_MODULES: tuple[str, ...] = (
     "experiments.cmd_sim",
     "experiments.cmd_reports",
     "experiments.cmd_real",
+    "experiments.cmd_run_real",
+    "experiments.cmd_sweep",
+    "experiments.cmd_plan",
     "experiments.cmd_core",
 )
 

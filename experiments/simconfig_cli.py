@@ -30,7 +30,7 @@ FLAG_FIELDS: dict[str, tuple[str | None, str]] = {
     "num_gpu_blocks_override": (None, "num_gpu_blocks"),
     "max_model_len": (None, "max_model_len"),
     "cost_model": (None, "cost_model"),
-    "seed": (None, "seed"),
+    "seed": ("workload", "seed"),
     "fast_path": (None, "fast_path"),
     "max_num_batched_tokens": ("engine", "max_num_batched_tokens"),
     "max_num_seqs": ("engine", "max_num_seqs"),
@@ -90,6 +90,13 @@ def add_sim_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--block-size", type=int)
     g.add_argument("--enable-prefix-caching", action=bool_flag, default=None)
     g.add_argument("--api-server-count", type=int, help="front-end processes")
+    g.add_argument("--fast-path", action=bool_flag, default=None,
+                   help="bulk-apply identical decode steps (exact; default on)")
+    add_workload_flags(p)
+
+
+def add_workload_flags(p: argparse.ArgumentParser) -> None:
+    """vllm bench serve's workload flags (default None = not given)."""
     g = p.add_argument_group("workload (vllm bench serve's names)")
     g.add_argument("--dataset-name", choices=["random", "prefix_repetition", "trace"])
     g.add_argument("--dataset-path", help="trace file, or azure-conv, azure-code, "
@@ -108,8 +115,6 @@ def add_sim_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--prefix-repetition-output-len", type=int)
     g.add_argument("--trace-time-scale", type=float, help="replay a trace this many times faster")
     g.add_argument("--seed", type=int)
-    g.add_argument("--fast-path", action=bool_flag, default=None,
-                   help="bulk-apply identical decode steps (exact; default on)")
 
 
 def load_experiment_file(path: str) -> dict[str, Any]:
@@ -132,10 +137,19 @@ def load_experiment_file(path: str) -> dict[str, Any]:
     return data
 
 
-def config_dict_from_args(args: argparse.Namespace, base: dict[str, Any]) -> dict[str, Any]:
+def workload_dict_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``workload`` section the workload flags describe (with the embedded default)."""
+    return config_dict_from_args(args, {}, sections=("workload",))["workload"]
+
+
+def config_dict_from_args(
+    args: argparse.Namespace, base: dict[str, Any], sections: tuple[str | None, ...] | None = None
+) -> dict[str, Any]:
     """Overlay the flags the user gave on ``base`` (a SimConfig dict)."""
     out: dict[str, Any] = {k: (dict(v) if isinstance(v, dict) else v) for k, v in base.items()}
     for dest, (section, name) in FLAG_FIELDS.items():
+        if sections is not None and section not in sections:
+            continue
         value = getattr(args, dest, None)
         if value is None:
             continue

@@ -114,7 +114,6 @@ class SimConfig:
     data_parallel_size: int = 1  # engine replicas behind the shared API servers
     router: str = "vllm"  # how requests pick a replica (sim/cluster.py)
     router_load_cap: int = 8  # prefix_aware: max extra in-flight requests for a better hit
-    seed: int = 0
     fast_path: bool = True  # exact bulk application of identical decode steps
 
     def __post_init__(self) -> None:
@@ -138,6 +137,11 @@ class SimConfig:
             raise ConfigError(
                 f"cost_model must be 'roofline' or 'fitted:PATH', got {self.cost_model!r}"
             )
+
+    @property
+    def seed(self) -> int:
+        """The run's seed: everything random in a simulation comes from the workload."""
+        return self.workload.seed
 
     @property
     def model_spec(self) -> ModelSpec:
@@ -168,6 +172,13 @@ class SimConfig:
             "roofline": RooflineParams,
         }
         kwargs: dict[str, Any] = {}
+        if "seed" in values:  # accepted at the top level too: it is the workload's seed
+            seed = values.pop("seed")
+            work = dict(values.get("workload") or {})
+            if "seed" in work and work["seed"] != seed:
+                raise ConfigError(f"seed given twice: {seed} (top level) and {work['seed']}")
+            work["seed"] = seed
+            values["workload"] = work
         for name, sub in sections.items():
             if name in values:
                 raw = values.pop(name)
