@@ -130,6 +130,7 @@ class SimRuntime:
         # Open loop: send times are known, so front-end times are computed ahead, in send order.
         self._open_loop = self.workload.max_concurrency is None
         self._frontend_times: list[FrontendTimes | None] = []
+        self._bound_for, self._bound = -1, 0.0  # memo of _next_send_bound (open loop)
         self._num_done = 0
         sched = self.engine_config.scheduler
         self._max_model_len = sched.max_model_len
@@ -290,11 +291,17 @@ class SimRuntime:
         i = self._next_send
         if i >= len(w):
             return math.inf
-        if self._open_loop and not self._rejects(i):
-            self._admit_ahead(i)
-            times = self._frontend_times[i]
-            assert times is not None
-            return times.engine_arrival_s if self.router is None else times.tokenized_s
+        if self._open_loop:
+            if self._bound_for == i:
+                return self._bound
+            self._bound_for = i
+            self._bound = float(w.send_time_s[i])
+            if not self._rejects(i):
+                self._admit_ahead(i)
+                times = self._frontend_times[i]
+                assert times is not None
+                self._bound = times.engine_arrival_s if self.router is None else times.tokenized_s
+            return self._bound
         t = float(w.send_time_s[i])
         limit = w.max_concurrency
         if limit is not None and self._outstanding >= limit:

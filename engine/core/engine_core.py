@@ -179,13 +179,14 @@ class EngineCore:
         first_step = applied.applied_step_ids.start
         first_seen = self._first_token_seen
         updates = timing.update_time_s
-        for i, req in enumerate(run.requests):
-            req_id = req.req_id
+        ids = [req.req_id for req in run.requests]
+        for req_id in ids:
             if req_id not in first_seen:
                 first_seen.add(req_id)
                 log.record(req_id, EventKind.FIRST_TOKEN, updates[0])
-            f = run.finish_iteration[i]
-            log.extend_runs([req_id], first_step, min(k_total, f + 1))
+        log.extend_runs_each(
+            ids, first_step, [min(k_total, f + 1) for f in run.finish_iteration]
+        )
         for j, finishing in enumerate(applied.finished_per_step):
             for req_id in finishing:
                 self._record_finish(req_id, "length", updates[j])

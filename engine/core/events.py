@@ -153,6 +153,21 @@ class EventLog:
                 self._close_run(idx, run)
             self._open_runs[idx] = [first_step, num_steps]
 
+    def extend_runs_each(self, req_ids: list[str], first_step: int, counts: list[int]) -> None:
+        """``counts[i]`` consecutive tokens for ``req_ids[i]``, each starting at ``first_step``."""
+        index, open_runs = self._req_index, self._open_runs
+        for req_id, count in zip(req_ids, counts, strict=True):
+            if not count:
+                continue
+            idx = index[req_id]
+            run = open_runs.get(idx)
+            if run is not None and run[0] + run[1] == first_step:
+                run[1] += count
+                continue
+            if run is not None:
+                self._close_run(idx, run)
+            open_runs[idx] = [first_step, count]
+
     def close_request(self, req_id: str) -> None:
         """The request will produce no more tokens: move its open run to the finished ones."""
         idx = self._req_index.get(req_id)

@@ -42,7 +42,7 @@ _ALLOC, _CACHE, _FREE = 0, 1, 2  # event kinds, in their order within one (itera
 _SCHEDULE, _UPDATE = 0, 1  # phases of an iteration
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class IterationShape:
     """What one iteration of a run schedules, and who finishes at its update."""
 
