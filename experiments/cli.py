@@ -32,7 +32,8 @@ COMMAND_MODULES: tuple[str, ...] = (
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="twinserve",
-        description="LLM serving engine modelled on vLLM V1: one scheduler core, simulated or real.",
+        description="LLM serving engine modelled on vLLM V1: one scheduler core, simulated "
+        "or real.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:

@@ -27,7 +27,8 @@ def parse_goodput(items: list[str] | None) -> dict[str, float] | None:
         key, sep, value = item.partition(":")
         if not sep or key not in GOODPUT_KEYS:
             raise UserError(
-                f"invalid --goodput entry {item!r}: use KEY:MS with KEY in {', '.join(GOODPUT_KEYS)}"
+                f"invalid --goodput entry {item!r}: use KEY:MS with KEY in "
+                f"{', '.join(GOODPUT_KEYS)}"
             )
         try:
             ms = float(value)

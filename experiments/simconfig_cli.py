@@ -125,10 +125,7 @@ def load_experiment_file(path: str) -> dict[str, Any]:
     except OSError as exc:
         raise UserError(f"cannot read {path}: {exc.strerror}") from None
     try:
-        if p.suffix == ".json":
-            data = json.loads(text)
-        else:
-            data = tomllib.loads(text.decode())
+        data = json.loads(text) if p.suffix == ".json" else tomllib.loads(text.decode())
     except (json.JSONDecodeError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise UserError(f"{path} is not valid {'JSON' if p.suffix == '.json' else 'TOML'}: "
                         f"{exc}") from None

@@ -156,7 +156,8 @@ class SimConfig:
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            out[f.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+            is_record = dataclasses.is_dataclass(value) and not isinstance(value, type)
+            out[f.name] = dataclasses.asdict(value) if is_record else value
         w = out["workload"]
         w["request_rate"] = _encode_float(w["request_rate"])
         w["priority_mix"] = [list(p) for p in w["priority_mix"]]

@@ -19,8 +19,8 @@ from collections.abc import Callable
 
 from engine.core.config import EngineConfig
 from engine.core.engine_core import EngineCore, RunTiming
-from engine.core.fast_forward import AppliedRun
 from engine.core.events import EventKind, EventLog
+from engine.core.fast_forward import AppliedRun
 from engine.core.interfaces import CostModel
 from engine.core.outputs import BatchShape, EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
 from engine.core.request import Request
@@ -176,7 +176,7 @@ class EngineReplica:
             prev_id = prev.step_id
             prev_start, prev_end, prev_cost = self._pending[prev_id]
             prev_tokens = len(prev.num_scheduled_tokens)
-        for k, shape in enumerate(run.iteration_shapes()):
+        for _k, shape in enumerate(run.iteration_shapes()):
             if t >= horizon:
                 break
             n = shape.num_scheduled
@@ -239,8 +239,9 @@ class EngineReplica:
         ):
             self._reports.append((u, running, waiting, 1.0 - free / usable))
         with_output = [j for j, n in enumerate(tokens) if n]
-        delivered = self.out.plan([updates[j] for j in with_output], [tokens[j] for j in with_output])
-        self.out.commit(delivered, [tokens[j] for j in with_output])
+        out_tokens = [tokens[j] for j in with_output]
+        delivered = self.out.plan([updates[j] for j in with_output], out_tokens)
+        self.out.commit(delivered, out_tokens)
         step_ids = applied.applied_step_ids
         log = self.log
         for j, d in zip(with_output, delivered, strict=True):

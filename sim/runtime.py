@@ -25,7 +25,7 @@ import heapq
 import math
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 
 import simpy
@@ -34,13 +34,13 @@ from engine.core.config import EngineConfig
 from engine.core.events import EventKind, EventLog
 from engine.core.hashing import PrecomputedBlockHasher
 from engine.core.interfaces import CostModel
+from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.request import Request, SamplingParams
 from sim.cluster import ReplicaView, Router, make_router
 from sim.config import SimConfig, resolve_engine_config
 from sim.replica import STEP_ID_STRIDE, EngineReplica
 from sim.stages import APIServerPool, FrontendTimes
 from sim.workload import Workload, build_workload
-
 
 
 @dataclass(slots=True)
@@ -80,7 +80,8 @@ def make_cost_model(cfg: SimConfig) -> CostModel:
         )
     from sim.cost.fitted import FittedCostModel
 
-    return FittedCostModel.load(cfg.cost_model.split(":", 1)[1])
+    model: CostModel = FittedCostModel.load(cfg.cost_model.split(":", 1)[1])
+    return model
 
 
 class SimRuntime:
@@ -161,7 +162,7 @@ class SimRuntime:
         )
 
     # -- the client -----------------------------------------------------------------------------
-    def _client(self):  # type: ignore[no-untyped-def]
+    def _client(self) -> Generator[simpy.Event, object, None]:
         env, w = self.env, self.workload
         limit = w.max_concurrency
         send_times = w.send_time_s
@@ -309,7 +310,7 @@ class SimRuntime:
         return t
 
     # -- the router (data-parallel runs only) ---------------------------------------------------
-    def _router_process(self):  # type: ignore[no-untyped-def]
+    def _router_process(self) -> Generator[simpy.Event, object, None]:
         env = self.env
         ipc = self.cfg.frontend.ipc_latency_s
         while True:
@@ -344,7 +345,7 @@ class SimRuntime:
                 num_running=running,
                 num_waiting=waiting,
                 kv_usage=usage,
-                cached_prefix_tokens=lambda req, kv=kv: kv.get_computed_blocks(req)[1],
+                cached_prefix_tokens=_prefix_probe(kv),
             ))
         chosen = self.router.choose(request, views)
         self._in_flight_per_replica[chosen] += 1
@@ -352,7 +353,7 @@ class SimRuntime:
         return chosen
 
     # -- the engines ----------------------------------------------------------------------------
-    def _engine(self, replica: EngineReplica):  # type: ignore[no-untyped-def]
+    def _engine(self, replica: EngineReplica) -> Generator[simpy.Event, object, None]:
         env, core = self.env, replica.core
         now = 0.0  # the engine's own clock; may run ahead of env.now up to the horizon
         while True:
@@ -384,6 +385,15 @@ class SimRuntime:
         if self._to_route:
             h = min(h, self._to_route[0][0])
         return h
+
+
+def _prefix_probe(kv: KVCacheManager) -> Callable[[Request], int]:
+    """How many leading tokens of a request this KV cache holds (a prefix-cache lookup)."""
+
+    def probe(request: Request) -> int:
+        return kv.get_computed_blocks(request)[1]
+
+    return probe
 
 
 def run_simulation(

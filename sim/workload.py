@@ -121,7 +121,10 @@ class WorkloadConfig:
         ):
             bad("prefix_repetition lengths must give prompts and outputs of >= 1 token")
         if self.dataset_name != "trace" and self.dataset_path:
-            bad(f"dataset_path is only used with dataset 'trace' (dataset is {self.dataset_name!r})")
+            bad(
+                f"dataset_path is only used with dataset 'trace' "
+                f"(dataset is {self.dataset_name!r})"
+            )
         if self.dataset_name == "trace" and not self.dataset_path:
             bad(f"dataset 'trace' needs dataset_path (a file or one of {', '.join(TRACES)})")
         if not self.trace_time_scale > 0:
@@ -214,7 +217,7 @@ def build_workload(cfg: WorkloadConfig) -> Workload:
 def _replace(w: Workload, **changes: object) -> Workload:
     fields_ = {name: getattr(w, name) for name in Workload.__dataclass_fields__}
     fields_.update(changes)
-    return Workload(**fields_)  # type: ignore[arg-type]
+    return Workload(**fields_)
 
 
 def _uniform_lengths(

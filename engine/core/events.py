@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import enum
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 
 
@@ -131,7 +131,7 @@ class EventLog:
         self._ev_payload.append(payload)
 
     def record_token(self, req_id: str, step_id: int) -> None:
-        """One output token of ``req_id`` applied in step ``step_id`` (steps in increasing order)."""
+        """One output token of ``req_id`` applied in step ``step_id`` (steps increasing)."""
         idx = self._req_index[req_id]
         run = self._open_runs.get(idx)
         if run is not None and run[0] + run[1] == step_id:
@@ -190,10 +190,10 @@ class EventLog:
         if not rows:
             return
         for name, values in zip(STEP_COLUMNS, zip(*rows, strict=True), strict=True):
-            self._steps[name].extend(values)  # type: ignore[arg-type]
+            self._steps[name].extend(values)
         self._step_rows = []
 
-    def record_steps(self, columns: dict[str, list[object]]) -> None:
+    def record_steps(self, columns: Mapping[str, Sequence[object]]) -> None:
         """Append several steps at once: one equal-length list per ``StepRecord`` field."""
         self._flush_step_rows()
         cols = self._steps
@@ -223,10 +223,11 @@ class EventLog:
 
         def remap(values: np.ndarray) -> np.ndarray:
             e = values // stride
-            return values - e * stride + offsets[e]
+            remapped: np.ndarray = values - e * stride + offsets[e]
+            return remapped
 
         self._steps["step_id"] = array("q", remap(ids).tolist())
-        for idx, run in list(self._open_runs.items()):
+        for _idx, run in list(self._open_runs.items()):
             run[0] = int(remap(np.array([run[0]]))[0])
         if len(self._run_first):
             self._run_first = array("q", remap(np.asarray(self._run_first)).tolist())
@@ -291,7 +292,9 @@ class EventLog:
             ):
                 for s in range(f, f + c):
                     events.append(
-                        RequestEvent(self.req_ids[r], EventKind.TOKEN, float(time_of[s]), s)
+                        RequestEvent(
+                            self.req_ids[r], EventKind.TOKEN, float(time_of[s]), s  # type: ignore[arg-type]
+                        )
                     )
         events.sort(key=lambda e: (e.time_s, e.kind))
         return iter(events)

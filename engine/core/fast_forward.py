@@ -294,7 +294,7 @@ def apply_uniform_decode(
     finished: list[tuple[str, ...]] = []
     it = 0
     num_free = pool.get_num_free_blocks()
-    for k, phase, i, kind, arg in events:
+    for k, _phase, i, kind, arg in events:
         while it < k:  # iterations that had no more events: record their end state
             free_after.append(num_free)
             it += 1

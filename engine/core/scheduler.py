@@ -321,7 +321,9 @@ class Scheduler:
     def _finalize(self, plan: _StepPlan) -> SchedulerOutput:
         """Build the SchedulerOutput, then advance ``num_computed_tokens`` (before execution)."""
         num_scheduled = plan.num_scheduled_tokens
-        new_reqs = [self._new_request_data(r, plan.new_block_ids[r.req_id]) for r in plan.scheduled_new]
+        new_reqs = [
+            self._new_request_data(r, plan.new_block_ids[r.req_id]) for r in plan.scheduled_new
+        ]
         cached = self._cached_request_data(plan)
         self.prev_step_scheduled_req_ids = set(num_scheduled)
         shape, partial = self._update_after_schedule(num_scheduled)

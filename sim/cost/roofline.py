@@ -20,8 +20,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from engine.core.config import ConfigError
 from engine.core.interfaces import StepTime
 from engine.core.outputs import BatchShape
@@ -85,7 +83,8 @@ class RooflineCostModel:
         self._flops_s = gpu.peak_flops * gpu.compute_efficiency
         self._attn_flops_s = self._flops_s * self.params.attention_compute_efficiency
         self._bw = gpu.memory_bw_bytes_s * gpu.memory_efficiency
-        hq, hkv, d, h, f = m.num_heads, m.num_kv_heads, m.head_dim, m.hidden_size, m.intermediate_size
+        hq, hkv, d = m.num_heads, m.num_kv_heads, m.head_dim
+        h, f = m.hidden_size, m.intermediate_size
         # (in_features, out_features) of each GEMM of a layer, per TP rank.
         self._gemms = (
             (h, (hq + 2 * hkv) * d / tp),  # QKV
@@ -200,9 +199,8 @@ class RooflineCostModel:
         kv_tokens = context_sum + num_reqs
         flops = 4.0 * hq * d * kv_tokens
         io_bytes = 2.0 * num_reqs * hq * d * self.params.activation_bytes
-        attn = max(
-            flops / self._attn_flops_s, (kv_tokens * self._kv_bytes_token_layer + io_bytes) / self._bw
-        ) + self.params.kernel_floor_s
+        mem = (kv_tokens * self._kv_bytes_token_layer + io_bytes) / self._bw
+        attn = max(flops / self._attn_flops_s, mem) + self.params.kernel_floor_s
         attention = layers * attn
         comm = self._comm_memo.get(num_reqs)
         if comm is None:

@@ -41,7 +41,7 @@ def test_tensor_parallel_doubles_kv_per_gpu_for_a_big_model() -> None:
 
 
 def test_model_that_does_not_fit() -> None:
-    with pytest.raises(ConfigError, match="does not fit on 1 x a100-80gb.*raise tensor_parallel"):
+    with pytest.raises(ConfigError, match=r"does not fit on 1 x a100-80gb.*raise tensor_parallel"):
         resolve_engine_config(SimConfig(model="meta-llama/Llama-3.1-70B", gpu="a100-80gb"))
 
 
@@ -62,7 +62,7 @@ def test_dict_round_trip_and_unknown_keys() -> None:
     assert again == cfg
     with pytest.raises(ConfigError, match=r"unknown key\(s\) max_num_seq in \[engine\].*valid"):
         SimConfig.from_dict({"engine": {"max_num_seq": 1}})
-    with pytest.raises(ConfigError, match="unknown key.*gpus.*valid top-level keys"):
+    with pytest.raises(ConfigError, match=r"unknown key.*gpus.*valid top-level keys"):
         SimConfig.from_dict({"gpus": "h100"})
 
 
@@ -90,7 +90,9 @@ def test_simulate_bad_input_is_one_line(argv: list[str], match: str,
     assert re.search(match, err), err
 
 
-def test_experiment_file_with_unknown_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_experiment_file_with_unknown_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     f = tmp_path / "exp.toml"
     f.write_text('model = "meta-llama/Llama-3.1-8B"\n[engine]\nmax_num_batched_token = 10\n')
     assert main(["simulate", "--config", str(f), "--no-plots"]) == 2

@@ -67,7 +67,8 @@ def test_prefix_repetition_shares_prefix_blocks() -> None:
 
 def test_azure_and_mooncake_traces_load() -> None:
     az = load_trace("azure-conv")
-    assert len(az.prompt_lens) == 19366 and az.arrival_s[0] == 0 and (np.diff(az.arrival_s) >= 0).all()
+    assert len(az.prompt_lens) == 19366 and az.arrival_s[0] == 0
+    assert (np.diff(az.arrival_s) >= 0).all()
     mc = build_workload(WorkloadConfig(dataset_name="trace", dataset_path="mooncake-conversation",
                                        num_prompts=50))
     assert mc.hash_ids is not None and len(mc) == 50
@@ -110,7 +111,7 @@ def test_bad_trace_files(tmp_path: Path, content: str, match: str) -> None:
 def test_bad_mooncake_row(tmp_path: Path) -> None:
     f = tmp_path / "bad.jsonl"
     f.write_text('{"timestamp": 0, "input_length": 10}\n')
-    with pytest.raises(WorkloadError, match="bad.jsonl:1: Mooncake rows need"):
+    with pytest.raises(WorkloadError, match=r"bad\.jsonl:1: Mooncake rows need"):
         load_trace(str(f))
 
 
