@@ -64,19 +64,23 @@ def finish_run(
     *, result_log: EventLog, meta: dict[str, Any], out_dir: Path, args: argparse.Namespace
 ) -> dict[str, Any]:
     """Write the run directory (tables, summary, report) and print the summary."""
+    from reports.errors import ReportError
     from reports.metrics import format_summary
     from reports.run_dir import write_run_dir
 
-    summary = write_run_dir(
-        out_dir,
-        result_log,
-        meta,
-        goodput=parse_goodput(args.goodput),
-        percentiles=parse_percentiles(args.metric_percentiles),
-        percentile_metrics=parse_metrics(args.percentile_metrics),
-        plots=not args.no_plots,
-        file_format=args.format,
-    )
+    try:
+        summary = write_run_dir(
+            out_dir,
+            result_log,
+            meta,
+            goodput=parse_goodput(args.goodput),
+            percentiles=parse_percentiles(args.metric_percentiles),
+            percentile_metrics=parse_metrics(args.percentile_metrics),
+            plots=not args.no_plots,
+            file_format=args.format,
+        )
+    except ReportError as exc:
+        raise UserError(str(exc)) from None
     print(format_summary(summary))
     diagnosis = summary.get("diagnosis")
     if isinstance(diagnosis, dict) and diagnosis.get("text"):

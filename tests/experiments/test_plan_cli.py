@@ -1,0 +1,48 @@
+"""``twinserve plan`` end to end on a tiny workload, and its one-line errors for bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from experiments.cli import main
+
+TINY = ["--dataset-name", "random", "--num-prompts", "30", "--random-input-len", "256",
+        "--random-output-len", "16", "--seeds", "1", "--tolerance", "0.3", "--max-probes", "6",
+        "--rate-start", "8", "-j", "1"]
+
+
+def test_plan_writes_ranked_outputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "plan"
+    rc = main(["plan", "--gpus", "h100-sxm", "a100-80gb", "--knob", "max_num_seqs=4,64",
+               "--slo", "ttft:200", "tpot:40", "--gpu-price", "h100-sxm=2.5",
+               "--out", str(out), *TINY])
+    assert rc == 0
+    df = pd.read_csv(out / "plan.csv")
+    assert len(df) == 4 and list(df["rank"]) == [1, 2, 3, 4]
+    assert {"engine.max_num_seqs", "max_rate", "gpu_hours_per_million_requests"} <= set(df)
+    assert set(df["status"]) <= {"ok", "unbounded", "infeasible"}
+    h100 = df[df["gpu"] == "h100-sxm"]
+    assert h100["usd_per_million_requests"].notna().all()
+    assert (pd.read_csv(out / "probes.csv")["attainment"].between(0, 1)).all()
+    text = (out / "plan.md").read_text()
+    assert "# Capacity plan" in text and "| rank | candidate |" in text
+    printed = capsys.readouterr()
+    assert "| rank | candidate |" in printed.out and "4 candidate(s)" in printed.err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--request-rate", "5"], "plan searches the request rate"),
+    (["--slo", "latency:5"], "invalid goodput"),
+    (["--knob", "max_num_seqz=4"], "unknown key 'max_num_seqz'"),
+    (["--knob", "max_num_seqs"], "invalid --knob"),
+    (["--gpu-price", "b200=9"], "--gpu-price for GPU(s) not planned: b200"),
+    (["--attainment", "0"], "attainment must be in (0, 1]"),
+])
+def test_bad_plan_input_is_one_line(args: list[str], message: str,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--gpus", "h100-sxm", *args, *TINY]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("twinserve: error: ") and message in err
