@@ -21,44 +21,22 @@ from engine.core.config import EngineConfig
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.outputs import (
     AdmissionBlocker,
-    BatchShape,
-    CachedRequestData,
     EngineCoreOutput,
     ModelRunnerOutput,
-    NewRequestData,
     SchedulerOutput,
 )
 from engine.core.queues import create_request_queue
 from engine.core.request import Request, RequestStatus
+from engine.core.step_output import (
+    StepPlan,
+    advance_scheduled,
+    cached_request_data,
+    new_request_data,
+)
 
 RUNNING = RequestStatus.RUNNING
 WAITING = RequestStatus.WAITING
 PREEMPTED = RequestStatus.PREEMPTED
-
-
-class _StepPlan:
-    """Mutable scratch state of one ``schedule()`` call."""
-
-    __slots__ = (
-        "blocker",
-        "new_block_ids",
-        "num_scheduled_tokens",
-        "preempted",
-        "scheduled_new",
-        "scheduled_resumed",
-        "scheduled_running",
-        "token_budget",
-    )
-
-    def __init__(self, token_budget: int) -> None:
-        self.token_budget = token_budget
-        self.num_scheduled_tokens: dict[str, int] = {}
-        self.new_block_ids: dict[str, list[int]] = {}
-        self.scheduled_running: list[Request] = []
-        self.scheduled_new: list[Request] = []
-        self.scheduled_resumed: list[Request] = []
-        self.preempted: list[Request] = []
-        self.blocker = AdmissionBlocker.NONE
 
 
 class Scheduler:
@@ -162,7 +140,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Plan one step: running requests first, then admissions; see the module docstring."""
         self.num_steps += 1
-        plan = _StepPlan(self.token_budget)
+        plan = StepPlan(self.token_budget)
         threshold = self._effective_long_prefill_threshold()
         self._schedule_running(plan, threshold)
         if not plan.preempted:
@@ -178,7 +156,7 @@ class Scheduler:
             return self.long_prefill_token_threshold
         return 0
 
-    def _schedule_running(self, plan: _StepPlan, threshold: int) -> None:
+    def _schedule_running(self, plan: StepPlan, threshold: int) -> None:
         """Phase A: give each RUNNING request its next tokens, preempting on KV shortage."""
         running = self.running
         allocate = self.kv_cache_manager.allocate_running_slots
@@ -246,7 +224,7 @@ class Scheduler:
             return max(self.running, key=lambda r: (r.priority, r.arrival_time))
         return self.running[-1]
 
-    def _schedule_waiting(self, plan: _StepPlan, threshold: int) -> None:
+    def _schedule_waiting(self, plan: StepPlan, threshold: int) -> None:
         """Phase B: admit WAITING requests in queue order until something does not fit."""
         waiting, running = self.waiting, self.running
         kv = self.kv_cache_manager
@@ -318,15 +296,15 @@ class Scheduler:
         self.preempted_req_ids.add(request.req_id)
 
     # -- the output of schedule() ---------------------------------------------------------------
-    def _finalize(self, plan: _StepPlan) -> SchedulerOutput:
+    def _finalize(self, plan: StepPlan) -> SchedulerOutput:
         """Build the SchedulerOutput, then advance ``num_computed_tokens`` (before execution)."""
         num_scheduled = plan.num_scheduled_tokens
         new_reqs = [
-            self._new_request_data(r, plan.new_block_ids[r.req_id]) for r in plan.scheduled_new
+            new_request_data(r, plan.new_block_ids[r.req_id]) for r in plan.scheduled_new
         ]
-        cached = self._cached_request_data(plan)
+        cached = cached_request_data(plan, self.prev_step_scheduled_req_ids)
         self.prev_step_scheduled_req_ids = set(num_scheduled)
-        shape, partial = self._update_after_schedule(num_scheduled)
+        shape, partial = advance_scheduled(self.requests, num_scheduled, self.async_scheduling)
         out = SchedulerOutput(
             step_id=self.first_step_id + self.num_steps - 1,
             scheduled_new_reqs=new_reqs,
@@ -342,80 +320,6 @@ class Scheduler:
         self.finished_req_ids = set()
         self.preempted_req_ids = set()
         return out
-
-    @staticmethod
-    def _new_request_data(request: Request, block_ids: list[int]) -> NewRequestData:
-        return NewRequestData(
-            req_id=request.req_id,
-            prompt_token_ids=request.prompt_token_ids,
-            num_prompt_tokens=request.num_prompt_tokens,
-            sampling_params=request.sampling_params,
-            eos_token_id=request.eos_token_id,
-            block_ids=block_ids,
-            num_computed_tokens=request.num_computed_tokens,
-        )
-
-    def _cached_request_data(self, plan: _StepPlan) -> CachedRequestData:
-        blocks = plan.new_block_ids
-        prev = self.prev_step_scheduled_req_ids
-        reqs = plan.scheduled_running + plan.scheduled_resumed
-        ids = [r.req_id for r in reqs]
-        resumed = {r.req_id for r in plan.scheduled_resumed}
-        all_token_ids = {
-            r.req_id: list(r.all_token_ids)
-            for r in reqs
-            if (r.req_id not in prev or r.req_id in resumed) and r.has_token_ids
-        }
-        return CachedRequestData(
-            req_ids=ids,
-            resumed_req_ids=resumed,
-            new_block_ids=[blocks[i] or None for i in ids],
-            num_computed_tokens=[r.num_computed_tokens for r in reqs],
-            num_output_tokens=[len(r.output_token_ids) + r.num_output_placeholders for r in reqs],
-            all_token_ids=all_token_ids,
-        )
-
-    def _update_after_schedule(self, num_scheduled: dict[str, int]) -> tuple[BatchShape, set[str]]:
-        """Advance counters of scheduled requests and measure the step's batch shape."""
-        requests = self.requests
-        async_sched = self.async_scheduling
-        partial: set[str] = set()
-        prefill_q: list[int] = []
-        prefill_ctx: list[int] = []
-        num_tokens = dec_n = dec_sum = dec_max = 0
-        for req_id, n in num_scheduled.items():
-            request = requests[req_id]
-            ctx = request.num_computed_tokens
-            num_tokens += n
-            if n == 1:
-                dec_n += 1
-                dec_sum += ctx
-                if ctx > dec_max:
-                    dec_max = ctx
-            else:
-                prefill_q.append(n)
-                prefill_ctx.append(ctx)
-            ctx += n
-            request.num_computed_tokens = ctx
-            request.num_in_flight_tokens += n
-            if ctx < request.num_tokens + request.num_output_placeholders:
-                request.is_prefill_chunk = True
-                partial.add(req_id)
-            else:
-                request.is_prefill_chunk = False
-                if async_sched:
-                    request.num_output_placeholders += 1
-        shape = BatchShape(
-            num_reqs=len(num_scheduled),
-            num_tokens=num_tokens,
-            prefill_query_lens=tuple(prefill_q),
-            prefill_context_lens=tuple(prefill_ctx),
-            num_decode_reqs=dec_n,
-            decode_context_sum=dec_sum,
-            decode_context_max=dec_max,
-            num_sampling_reqs=len(num_scheduled) - len(partial),
-        )
-        return shape, partial
 
     # -- update_from_output ---------------------------------------------------------------------
     def update_from_output(
