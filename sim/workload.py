@@ -28,33 +28,16 @@ vllm bench), cumulated and rescaled so the last request is sent at exactly N/rat
 
 from __future__ import annotations
 
-import csv
-import json
 import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
-from pathlib import Path
 from typing import Literal
 
 import numpy as np
 
-from engine.core.errors import UserError
-
-DATA_DIR = Path(__file__).resolve().parent / "data"
-TRACES = {
-    "azure-conv": DATA_DIR / "traces" / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv",
-    "azure-code": DATA_DIR / "traces" / "azure_llm_2023" / "AzureLLMInferenceTrace_code.csv",
-    "mooncake-conversation": DATA_DIR / "traces" / "mooncake_fast25" / "conversation_trace.jsonl",
-    "mooncake-synthetic": DATA_DIR / "traces" / "mooncake_fast25" / "synthetic_trace.jsonl",
-}
-MOONCAKE_BLOCK_TOKENS = 512
+from sim.traces import MOONCAKE_BLOCK_TOKENS, TRACES, WorkloadError, load_trace
 
 DatasetName = Literal["random", "prefix_repetition", "trace"]
-
-
-class WorkloadError(UserError):
-    """A workload cannot be built: bad parameters or an unreadable trace file."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,133 +256,6 @@ def _prefix_repetition(cfg: WorkloadConfig) -> Workload:
         request_rate=cfg.request_rate,
         burstiness=cfg.burstiness,
     )
-
-
-# -- traces --------------------------------------------------------------------------------------
-@dataclass(slots=True)
-class TraceRows:
-    """Raw rows of a trace file (arrival seconds from the first request)."""
-
-    arrival_s: np.ndarray
-    prompt_lens: np.ndarray
-    output_lens: np.ndarray
-    hash_ids: list[tuple[int, ...]] | None
-    kind: str
-
-
-def resolve_trace_path(path: str) -> Path:
-    if path in TRACES:
-        return TRACES[path]
-    p = Path(path)
-    if not p.is_file():
-        raise WorkloadError(
-            f"trace file {path!r} not found (give a path or one of {', '.join(TRACES)})"
-        )
-    return p
-
-
-def _require_columns(path: Path, header: Sequence[str], needed: Sequence[str], kind: str) -> None:
-    missing = [c for c in needed if c not in header]
-    if missing:
-        raise WorkloadError(
-            f"{path}: {kind} trace is missing column(s) {', '.join(missing)}; "
-            f"found {', '.join(header) or 'no header'}; expected {', '.join(needed)}"
-        )
-
-
-def _positive_ints(values: list[str] | list[int], path: Path, column: str) -> np.ndarray:
-    try:
-        arr = np.array([int(float(v)) for v in values], dtype=np.int64)
-    except ValueError as exc:
-        raise WorkloadError(f"{path}: column {column} holds a non-number ({exc})") from None
-    return arr
-
-
-def load_trace(path_or_name: str) -> TraceRows:
-    """Read a request-stream CSV, an Azure 2023 CSV or a Mooncake JSONL file."""
-    path = resolve_trace_path(path_or_name)
-    if path.suffix == ".jsonl":
-        return _load_mooncake(path)
-    try:
-        with open(path, newline="") as f:
-            reader = csv.reader(f)
-            header = [h.strip() for h in next(reader, [])]
-            rows = [r for r in reader if r]
-    except (OSError, UnicodeDecodeError) as exc:
-        raise WorkloadError(f"cannot read trace {path}: {exc}") from None
-    if not rows:
-        raise WorkloadError(f"{path}: the trace holds no requests")
-    cols = {name: [r[i] for r in rows] for i, name in enumerate(header) if name}
-    if "TIMESTAMP" in header or "ContextTokens" in header:
-        _require_columns(path, header, ("TIMESTAMP", "ContextTokens", "GeneratedTokens"), "Azure")
-        try:
-            stamps = [datetime.fromisoformat(t.strip()[:26]) for t in cols["TIMESTAMP"]]
-        except ValueError as exc:
-            raise WorkloadError(f"{path}: bad TIMESTAMP ({exc})") from None
-        t0 = stamps[0]
-        arrival = np.array([(t - t0).total_seconds() for t in stamps])
-        prompt = _positive_ints(cols["ContextTokens"], path, "ContextTokens")
-        output = _positive_ints(cols["GeneratedTokens"], path, "GeneratedTokens")
-        kind = "azure"
-    else:
-        _require_columns(
-            path, header, ("arrived_at", "num_prefill_tokens", "num_decode_tokens"),
-            "request-stream",
-        )
-        try:
-            arrival = np.array([float(v) for v in cols["arrived_at"]])
-        except ValueError as exc:
-            raise WorkloadError(f"{path}: column arrived_at holds a non-number ({exc})") from None
-        prompt = _positive_ints(cols["num_prefill_tokens"], path, "num_prefill_tokens")
-        output = _positive_ints(cols["num_decode_tokens"], path, "num_decode_tokens")
-        kind = "request-stream"
-    return _checked(path, TraceRows(arrival, prompt, output, None, kind))
-
-
-def _load_mooncake(path: Path) -> TraceRows:
-    stamps, prompt, output, hashes = [], [], [], []
-    try:
-        with open(path) as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                    stamps.append(float(row["timestamp"]) / 1000.0)
-                    prompt.append(int(row["input_length"]))
-                    output.append(int(row["output_length"]))
-                    hashes.append(tuple(int(h) for h in row.get("hash_ids", ())))
-                except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-                    raise WorkloadError(
-                        f"{path}:{lineno}: Mooncake rows need timestamp (ms), input_length, "
-                        f"output_length and hash_ids ({type(exc).__name__}: {exc})"
-                    ) from None
-    except OSError as exc:
-        raise WorkloadError(f"cannot read trace {path}: {exc.strerror}") from None
-    if not stamps:
-        raise WorkloadError(f"{path}: the trace holds no requests")
-    arrival = np.array(stamps) - stamps[0]
-    rows = TraceRows(
-        arrival, np.array(prompt, dtype=np.int64), np.array(output, dtype=np.int64), hashes,
-        "mooncake",
-    )
-    return _checked(path, rows)
-
-
-def _checked(path: Path, rows: TraceRows) -> TraceRows:
-    if (rows.prompt_lens < 1).any() or (rows.output_lens < 1).any():
-        bad = int(np.argmax((rows.prompt_lens < 1) | (rows.output_lens < 1)))
-        raise WorkloadError(
-            f"{path}: request {bad} has a prompt or output of fewer than 1 token "
-            f"({rows.prompt_lens[bad]}, {rows.output_lens[bad]})"
-        )
-    if (np.diff(rows.arrival_s) < 0).any():
-        order = np.argsort(rows.arrival_s, kind="stable")
-        rows = TraceRows(
-            rows.arrival_s[order], rows.prompt_lens[order], rows.output_lens[order],
-            [rows.hash_ids[i] for i in order] if rows.hash_ids is not None else None, rows.kind,
-        )
-    return rows
 
 
 def _trace(cfg: WorkloadConfig) -> Workload:
