@@ -29,7 +29,8 @@ import numpy as np
 
 from engine.core.events import EventKind, EventLog
 from engine.core.request import SamplingParams
-from sim.workload import MOONCAKE_BLOCK_TOKENS, Workload
+from sim.traces import MOONCAKE_BLOCK_TOKENS
+from sim.workload import Workload
 
 #: Tokens below this id are left out of synthetic prompts (special tokens live there).
 FIRST_PLAIN_TOKEN = 16
