@@ -76,7 +76,9 @@ def _run_real(args: argparse.Namespace) -> int:
         k: getattr(workload_cfg, k) for k in workload_cfg.__dataclass_fields__
     }
     out_dir = Path(args.out) if args.out else default_out_dir("real")
-    finish_run(result_log=result.event_log, meta=meta, out_dir=out_dir, args=args)
+    from reports.tables import build_tables
+
+    finish_run(tables=build_tables(result.event_log), meta=meta, out_dir=out_dir, args=args)
     print(f"measured {len(workload)} requests in {meta['stats']['wall_time_s']:.1f} s "
           f"on {meta['device']}", file=sys.stderr)
     return 0

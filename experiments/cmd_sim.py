@@ -83,8 +83,12 @@ def _simulate(args: argparse.Namespace) -> int:
     result = run_simulation(cfg, progress=progress)
     out_dir = Path(args.out) if args.out else default_out_dir()
     from experiments.reporting import finish_run
+    from reports.tables import build_tables
 
-    finish_run(result_log=result.event_log, meta=run_meta(result), out_dir=out_dir, args=args)
+    meta = run_meta(result)
+    tables = build_tables(result.event_log)
+    del result  # the event log is no longer needed: free it before rendering the report
+    finish_run(tables=tables, meta=meta, out_dir=out_dir, args=args)
     return 0
 
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.core.errors import UserError
-from engine.core.events import EventLog
+
+if TYPE_CHECKING:
+    from reports.tables import RunTables
 
 GOODPUT_KEYS = ("ttft", "tpot", "e2el")
 PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -61,17 +63,21 @@ def parse_metrics(text: str) -> list[str]:
 
 
 def finish_run(
-    *, result_log: EventLog, meta: dict[str, Any], out_dir: Path, args: argparse.Namespace
+    *, tables: RunTables, meta: dict[str, Any], out_dir: Path, args: argparse.Namespace
 ) -> dict[str, Any]:
-    """Write the run directory (tables, summary, report) and print the summary."""
+    """Write the run directory (tables, summary, report) and print the summary.
+
+    Takes the tables (``reports.tables.build_tables(log)``) rather than the event log, so a
+    caller can let go of a large log before the report is rendered.
+    """
     from reports.errors import ReportError
     from reports.metrics import format_summary
-    from reports.run_dir import write_run_dir
+    from reports.run_dir import write_run_dir_from_tables
 
     try:
-        summary = write_run_dir(
+        summary = write_run_dir_from_tables(
             out_dir,
-            result_log,
+            tables,
             meta,
             goodput=parse_goodput(args.goodput),
             percentiles=parse_percentiles(args.metric_percentiles),

@@ -121,6 +121,27 @@ def write_run_dir(
     detailed: bool = False,
 ) -> dict[str, Any]:
     """Write a complete run directory for ``log`` (see the module docstring); the summary."""
+    return write_run_dir_from_tables(
+        out_dir, build_tables(log), meta, goodput=goodput, percentiles=percentiles,
+        percentile_metrics=percentile_metrics, plots=plots, file_format=file_format,
+        detailed=detailed,
+    )
+
+
+def write_run_dir_from_tables(
+    out_dir: str | Path,
+    tables: RunTables,
+    meta: Mapping[str, Any],
+    *,
+    goodput: Mapping[str, float] | None = None,
+    percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+    percentile_metrics: Sequence[str] = DEFAULT_PERCENTILE_METRICS,
+    plots: bool = True,
+    file_format: FileFormat = "parquet",
+    detailed: bool = False,
+) -> dict[str, Any]:
+    """``write_run_dir`` for tables already built (the caller may drop the event log first:
+    a million-request log and its tables need not be in memory together)."""
     if file_format not in ("parquet", "csv"):
         raise ReportError(f"unknown file format {file_format!r}: use parquet or csv")
     d = Path(out_dir)
@@ -128,7 +149,6 @@ def write_run_dir(
     meta = dict(meta)
     meta.setdefault("date", datetime.now().strftime("%Y%m%d-%H%M%S"))
     write_json(d / "config.json", meta)
-    tables = build_tables(log)
     for stale in TABLES:  # never leave a table of the other format behind
         other = d / f"{stale}.{'csv' if file_format == 'parquet' else 'parquet'}"
         other.unlink(missing_ok=True)

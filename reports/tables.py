@@ -83,14 +83,15 @@ def build_steps(log: EventLog) -> pd.DataFrame:
         if name == "admission_blocker":
             data[name] = pd.Categorical(list(col))  # type: ignore[call-overload]
         else:
-            dtype = np.float64 if getattr(col, "typecode", "d") == "d" else np.int64
+            code = getattr(col, "typecode", "d")  # keep the log's compact types
+            dtype = {"d": np.float64, "i": np.int32}.get(code, np.int64)
             data[name] = _copy_array(col, dtype)
     steps = pd.DataFrame(data)
     if len(steps) and not steps["step_id"].is_monotonic_increasing:
         steps = steps.sort_values("step_id", kind="stable", ignore_index=True)
-    delivered = log.delivered_times()
-    ids = np.fromiter(delivered.keys(), dtype=np.int64, count=len(delivered))
-    times = np.fromiter(delivered.values(), dtype=np.float64, count=len(delivered))
+    delivered = log.delivered_columns()
+    ids = np.asarray(delivered["step_id"], dtype=np.int64)
+    times = np.asarray(delivered["time_s"], dtype=np.float64)
     lookup = pd.Series(times, index=ids)
     steps["delivered_time_s"] = lookup.reindex(steps["step_id"].to_numpy()).to_numpy()
     return steps

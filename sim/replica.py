@@ -49,6 +49,7 @@ class EngineReplica:
         *,
         fast_path: bool = True,
         closed_loop: bool = False,
+        report_state: bool = False,
     ) -> None:
         self.index = index
         self.core = EngineCore(
@@ -61,6 +62,7 @@ class EngineReplica:
         self.out = OutputProcessor(frontend)
         self.fast_path = fast_path
         self.closed_loop = closed_loop  # finishes free client slots: bulk runs stop there
+        self.report_state = report_state  # keep per-step state reports for a router
         self._on_request_done = on_request_done
         self.inputs: list[tuple[float, int, Request]] = []  # (engine arrival, seq, request)
         self._gpu_free_s = 0.0
@@ -126,6 +128,8 @@ class EngineReplica:
         return now
 
     def _report(self, update_s: float) -> None:
+        if not self.report_state:
+            return
         sched = self.core.scheduler
         self._reports.append(
             (update_s, len(sched.running), len(sched.waiting), sched.kv_cache_manager.usage)
@@ -232,12 +236,13 @@ class EngineReplica:
     ) -> None:
         """Deliveries, finishes and router reports of a bulk-applied run."""
         sched = self.core.scheduler
-        usable = sched.kv_cache_manager.block_pool.num_gpu_blocks - 1
-        waiting = len(sched.waiting)
-        for u, running, free in zip(
-            updates, applied.num_running_after, applied.free_blocks_after, strict=True
-        ):
-            self._reports.append((u, running, waiting, 1.0 - free / usable))
+        if self.report_state:
+            usable = sched.kv_cache_manager.block_pool.num_gpu_blocks - 1
+            waiting = len(sched.waiting)
+            for u, running, free in zip(
+                updates, applied.num_running_after, applied.free_blocks_after, strict=True
+            ):
+                self._reports.append((u, running, waiting, 1.0 - free / usable))
         with_output = [j for j, n in enumerate(tokens) if n]
         out_tokens = [tokens[j] for j in with_output]
         delivered = self.out.plan([updates[j] for j in with_output], out_tokens)

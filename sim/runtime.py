@@ -105,6 +105,7 @@ class SimRuntime:
                 r, self.engine_config, self.cost_model, cfg.frontend, self.log,
                 self._request_done, fast_path=cfg.fast_path,
                 closed_loop=self.workload.max_concurrency is not None,
+                report_state=cfg.data_parallel_size > 1,
             )
             for r in range(cfg.data_parallel_size)
         ]

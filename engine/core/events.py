@@ -112,7 +112,9 @@ class EventLog:
             for name in STEP_COLUMNS
         }
         self._step_rows: list[tuple[object, ...]] = []  # appended rows not yet in the columns
-        self._delivered: dict[int, float] = {}
+        # step deliveries as two parallel typed arrays (a dict would cost ~100 bytes a step)
+        self._delivered_step = array("q")
+        self._delivered_time = array("d")
 
     # -- writing --------------------------------------------------------------------------------
     def index_of(self, req_id: str) -> int:
@@ -205,7 +207,8 @@ class EventLog:
 
     def record_delivery(self, step_id: int, time_s: float) -> None:
         """The outputs of ``step_id`` reached the client at ``time_s``."""
-        self._delivered[step_id] = time_s
+        self._delivered_step.append(step_id)
+        self._delivered_time.append(time_s)
 
     def compact_step_ids(self, stride: int) -> None:
         """Renumber steps of several engines (engine r's ids start at ``r * stride``) into one
@@ -231,10 +234,10 @@ class EventLog:
             run[0] = int(remap(np.array([run[0]]))[0])
         if len(self._run_first):
             self._run_first = array("q", remap(np.asarray(self._run_first)).tolist())
-        if self._delivered:
-            keys = np.fromiter(self._delivered.keys(), dtype=np.int64)
-            new_keys = remap(keys).tolist()
-            self._delivered = dict(zip(new_keys, self._delivered.values(), strict=True))
+        if len(self._delivered_step):
+            self._delivered_step = array(
+                "q", remap(np.asarray(self._delivered_step, dtype=np.int64)).tolist()
+            )
 
     def _close_run(self, idx: int, run: list[int]) -> None:
         self._run_req.append(idx)
@@ -271,7 +274,12 @@ class EventLog:
         return dict(self._steps)
 
     def delivered_times(self) -> dict[int, float]:
-        return dict(self._delivered)
+        """{step id: time its outputs reached the clients} (a step is delivered at most once)."""
+        return dict(zip(self._delivered_step, self._delivered_time, strict=True))
+
+    def delivered_columns(self) -> dict[str, array[int] | array[float]]:
+        """The same as columns: step_id, time_s (in recording order)."""
+        return {"step_id": self._delivered_step, "time_s": self._delivered_time}
 
     def iter_events(self, expand_tokens: bool = True) -> Iterator[RequestEvent]:
         """All events in time order (stable), token runs expanded into TOKEN events."""
