@@ -76,8 +76,9 @@ def warm_up(engine: object) -> None:
     n = min(32, engine.engine_config.scheduler.max_model_len - 4)
     params = SamplingParams(max_tokens=2, ignore_eos=True, temperature=0.0)
     request = engine.make_request("warm-up", [FIRST_PLAIN_TOKEN] * n, params, arrival_time=0.0)
-    engine.core.add_request(request, 0.0)
-    loop = EngineLoop(engine.core, engine.executor, lambda: 0.0)
+    throwaway = EngineCore(engine.engine_config)  # never the core whose log is reported
+    throwaway.add_request(request, 0.0)
+    loop = EngineLoop(throwaway, engine.executor, lambda: 0.0)
     while loop.has_work():
         loop.step()
     engine.core = EngineCore(engine.engine_config)

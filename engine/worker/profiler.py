@@ -35,12 +35,12 @@ from pathlib import Path
 import numpy as np
 
 from engine.core.outputs import (
+    AdmissionBlocker,
     BatchShape,
     CachedRequestData,
     NewRequestData,
     SchedulerOutput,
 )
-from engine.core.outputs import AdmissionBlocker
 from engine.core.request import SamplingParams
 from engine.worker.executor import TorchExecutor
 
@@ -57,7 +57,9 @@ PROFILE_COLUMNS: tuple[str, ...] = (
     "decode_context_max",
     "num_sampling_reqs",
     "size",  # the unit count of a unit-cost row (tokens, requests); num_tokens for steps
+    "size2",  # a unit-cost row's second count (e.g. new requests of a schedule); 0 if none
     "median_s",
+    "mean_s",  # what the fitted model predicts by default: latencies add step times up
     "p10_s",
     "p90_s",
     "min_s",
@@ -74,9 +76,10 @@ FIRST_PLAIN_TOKEN = 16
 
 @dataclass(frozen=True, slots=True)
 class SampleStats:
-    """Median and spread of repeated timings (seconds)."""
+    """Median, mean and spread of repeated timings (seconds)."""
 
     median_s: float
+    mean_s: float
     p10_s: float
     p90_s: float
     min_s: float
@@ -94,8 +97,8 @@ class SampleStats:
         if cpu_s is not None:
             ratios = [c / w for c, w in zip(cpu_s, wall_s, strict=True) if w > 0]
             ratio = statistics.median(ratios) if ratios else float("nan")
-        return SampleStats(float(p50), float(p10), float(p90), float(arr.min()),
-                           float(arr.max()), len(arr), ratio)
+        return SampleStats(float(p50), float(arr.mean()), float(p10), float(p90),
+                           float(arr.min()), float(arr.max()), len(arr), ratio)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +110,7 @@ class ProfileRow:
     shape: BatchShape | None  # the step's shape (step rows only)
     size: int  # units of a unit-cost row; num_tokens of a step row
     stats: SampleStats
+    size2: int = 0  # a unit-cost row's second count (0 for step rows)
 
     def to_csv_dict(self) -> dict[str, object]:
         s = self.shape or BatchShape.empty()
@@ -118,8 +122,9 @@ class ProfileRow:
             "prefill_context_lens": ";".join(map(str, s.prefill_context_lens)),
             "num_decode_reqs": s.num_decode_reqs, "decode_context_sum": s.decode_context_sum,
             "decode_context_max": s.decode_context_max,
-            "num_sampling_reqs": s.num_sampling_reqs, "size": self.size,
-            "median_s": repr(st.median_s), "p10_s": repr(st.p10_s), "p90_s": repr(st.p90_s),
+            "num_sampling_reqs": s.num_sampling_reqs, "size": self.size, "size2": self.size2,
+            "median_s": repr(st.median_s), "mean_s": repr(st.mean_s),
+            "p10_s": repr(st.p10_s), "p90_s": repr(st.p90_s),
             "min_s": repr(st.min_s), "max_s": repr(st.max_s), "num_samples": st.num_samples,
             "cpu_ratio": repr(st.cpu_ratio),
         }
@@ -143,8 +148,9 @@ class ShapeSpec:
     """A step to measure: prefill chunks and decodes (each decode has ``query_len`` 1)."""
 
     kind: str  # prefill | decode | mixed
-    prefill_chunks: tuple[tuple[int, int], ...]  # (query_len, context_len), all sampling
+    prefill_chunks: tuple[tuple[int, int], ...]  # (query_len, context_len)
     decode_context_lens: tuple[int, ...]  # context of each decode
+    num_partial: int = 0  # the first num_partial chunks are non-final: they sample nothing
 
     def __post_init__(self) -> None:
         if self.kind not in STEP_KINDS:
@@ -155,6 +161,8 @@ class ShapeSpec:
             raise ValueError("decode context lengths must be >= 1")
         if not self.prefill_chunks and not self.decode_context_lens:
             raise ValueError("a shape needs at least one request")
+        if not 0 <= self.num_partial <= len(self.prefill_chunks):
+            raise ValueError("num_partial must be in [0, number of prefill chunks]")
 
     @property
     def num_reqs(self) -> int:
@@ -189,7 +197,7 @@ class ShapeSpec:
             num_decode_reqs=len(dec),
             decode_context_sum=sum(dec),
             decode_context_max=max(dec, default=0),
-            num_sampling_reqs=self.num_reqs,
+            num_sampling_reqs=self.num_reqs - self.num_partial,
         )
 
 
@@ -198,20 +206,24 @@ class ProfileGrid:
     """Which shapes to measure and how often.
 
     Prefill rows: ``prefill_batch_sizes`` chunks of ``q`` tokens on ``ctx`` cached tokens for
-    every (q, ctx); decode rows: ``n`` decodes of context ``ctx``; mixed rows: ``n`` decodes of
-    context ``mixed_context_len`` plus one prefill chunk of ``q`` (a fresh prompt). Shapes over
+    every (q, ctx), and one non-final chunk (it samples nothing: separates the LM-head rows from
+    the per-request cost) for each ``partial_query_lens``; decode rows: ``n`` decodes of context
+    ``ctx``; mixed rows: ``n`` decodes of context ``mixed_context_len`` plus ``k`` fresh prompts
+    of ``q`` tokens for each ``k`` in ``mixed_prefill_counts``. Shapes over
     ``max_num_batched_tokens`` / ``max_num_seqs`` / ``max_model_len`` are left out, as the
     scheduler would never build them.
     """
 
     prefill_query_lens: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024)
-    prefill_context_lens: tuple[int, ...] = (0, 128, 512)
-    prefill_batch_sizes: tuple[int, ...] = (1, 2, 4)
-    decode_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 96, 128)
-    decode_context_lens: tuple[int, ...] = (16, 64, 256, 1024)
-    mixed_decode_batch_sizes: tuple[int, ...] = (2, 8, 32, 64)
-    mixed_query_lens: tuple[int, ...] = (32, 128, 512)
-    mixed_context_len: int = 64
+    prefill_context_lens: tuple[int, ...] = (0, 512)
+    prefill_batch_sizes: tuple[int, ...] = (1, 3)
+    partial_query_lens: tuple[int, ...] = (64, 256)
+    decode_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
+    decode_context_lens: tuple[int, ...] = (16, 128, 512)
+    mixed_decode_batch_sizes: tuple[int, ...] = (1, 4, 16, 48)
+    mixed_query_lens: tuple[int, ...] = (64, 256)
+    mixed_prefill_counts: tuple[int, ...] = (1, 3)
+    mixed_context_len: int = 128
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 128
     max_model_len: int = 8192
@@ -236,12 +248,15 @@ class ProfileGrid:
             for ctx in self.prefill_context_lens:
                 for b in self.prefill_batch_sizes:
                     out.append(ShapeSpec("prefill", ((q, ctx),) * b, ()))
+        for q in self.partial_query_lens:
+            out.append(ShapeSpec("prefill", ((q, 0),), (), num_partial=1))
         for n in self.decode_batch_sizes:
             for ctx in self.decode_context_lens:
                 out.append(ShapeSpec("decode", (), (ctx,) * n))
         for n in self.mixed_decode_batch_sizes:
             for q in self.mixed_query_lens:
-                out.append(ShapeSpec("mixed", ((q, 0),), (self.mixed_context_len,) * n))
+                for k in self.mixed_prefill_counts:
+                    out.append(ShapeSpec("mixed", ((q, 0),) * k, (self.mixed_context_len,) * n))
         return [s for s in dict.fromkeys(out) if self._fits(s)]
 
     def _fits(self, s: ShapeSpec) -> bool:
@@ -253,13 +268,29 @@ class ProfileGrid:
         return 1 + max((s.num_blocks(block_size) for s in self.shapes()), default=1)
 
 
+#: The speed probe: two fixed, small steps measured before and after every measured run and
+#: with every profile, so a change of the machine's speed between them shows (shared hosts).
+PROBE_SHAPES: tuple[ShapeSpec, ...] = (
+    ShapeSpec("decode", (), (64,) * 4),
+    ShapeSpec("prefill", ((64, 0),), ()),
+)
+
+
+def speed_probe(executor: TorchExecutor, repeats: int = 8, rounds: int = 3) -> float:
+    """Mean time of the probe steps (seconds, summed over ``PROBE_SHAPES``)."""
+    timing = ProfileGrid(warmup=1, repeats=repeats, rounds=rounds, seed=12345)
+    rows = StepProfiler(executor).measure(PROBE_SHAPES, timing)
+    return float(sum(r.stats.mean_s for r in rows))
+
+
 def quick_grid(max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int,
                **overrides: object) -> ProfileGrid:
     """A small grid (a few dozen shapes, one sample each round) for smoke runs and tests."""
     values: dict[str, object] = dict(
         prefill_query_lens=(16, 64, 256), prefill_context_lens=(0, 64),
-        prefill_batch_sizes=(1, 2), decode_batch_sizes=(1, 4, 16), decode_context_lens=(16, 128),
-        mixed_decode_batch_sizes=(4,), mixed_query_lens=(32,), warmup=1, repeats=1, rounds=2,
+        prefill_batch_sizes=(1, 2), partial_query_lens=(64,), decode_batch_sizes=(1, 4, 16),
+        decode_context_lens=(16, 128), mixed_decode_batch_sizes=(4,), mixed_query_lens=(32,),
+        mixed_prefill_counts=(1,), warmup=1, repeats=1, rounds=2,
         max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
         max_model_len=max_model_len,
     )
@@ -295,20 +326,28 @@ class StepProfiler:
         progress: Callable[[int, int], None] | None = None,
     ) -> list[ProfileRow]:
         """Measure every shape of ``grid``; one row per shape, in grid order."""
-        shapes = grid.shapes()
-        need = grid.num_blocks(self.block_size)
+        return self.measure(grid.shapes(), grid, progress)
+
+    def measure(
+        self,
+        shapes: Sequence[ShapeSpec],
+        timing: ProfileGrid,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> list[ProfileRow]:
+        """Measure ``shapes`` with ``timing``'s warm-up, repeats, rounds and seed."""
+        need = 1 + max((s.num_blocks(self.block_size) for s in shapes), default=1)
         if need > self.executor.num_gpu_blocks:
             raise ValueError(
                 f"the grid's largest shape needs {need} KV blocks, the executor has "
                 f"{self.executor.num_gpu_blocks}: build it with num_gpu_blocks >= {need}"
             )
-        rng = np.random.default_rng(grid.seed)
+        rng = np.random.default_rng(timing.seed)
         samples = [_Samples() for _ in shapes]
-        total = grid.rounds * len(shapes)
+        total = timing.rounds * len(shapes)
         done = 0
-        for _ in range(grid.rounds):
+        for _ in range(timing.rounds):
             for i in rng.permutation(len(shapes)):
-                self._measure(shapes[int(i)], grid, rng, samples[int(i)])
+                self._measure(shapes[int(i)], timing, rng, samples[int(i)])
                 done += 1
                 if progress is not None:
                     progress(done, total)
@@ -322,10 +361,10 @@ class StepProfiler:
 
     def _measure(self, spec: ShapeSpec, grid: ProfileGrid, rng: np.random.Generator,
                  into: _Samples) -> None:
-        first, replay = self._schedules(spec, rng)
+        first, replay, partial = self._schedules(spec, rng)
         self.executor.execute_model(first)
         for k in range(grid.warmup + grid.repeats):
-            out = self._replay(replay)
+            out = self._replay(replay, partial)
             c0 = time.thread_time()
             t0 = time.perf_counter()
             self.executor.execute_model(out)
@@ -337,12 +376,14 @@ class StepProfiler:
 
     def _schedules(
         self, spec: ShapeSpec, rng: np.random.Generator
-    ) -> tuple[SchedulerOutput, dict[str, tuple[int, int]]]:
-        """The registering step (new requests) and the replayed step's (computed, scheduled)
-        per request."""
+    ) -> tuple[SchedulerOutput, dict[str, tuple[int, int]], set[str]]:
+        """The registering step (new requests), the replayed step's (computed, scheduled) per
+        request, and the requests that sample nothing (non-final chunks)."""
         self._num_shapes += 1
         tag = f"p{self._num_shapes}-"
         lens = [(1, c) for c in spec.decode_context_lens] + list(spec.prefill_chunks)
+        first_chunk = len(spec.decode_context_lens)
+        partial = {f"{tag}{first_chunk + j}" for j in range(spec.num_partial)}
         params = SamplingParams(max_tokens=1 << 20, ignore_eos=True, temperature=0.0)
         low = min(FIRST_PLAIN_TOKEN, self.vocab_size - 1)
         next_block = 1
@@ -357,11 +398,12 @@ class StepProfiler:
             ids = rng.integers(low, self.vocab_size, ctx + q).tolist()
             new_reqs.append(NewRequestData(req_id, ids, ctx + q, params, None, blocks, ctx))
             replay[req_id] = (ctx, q)
-        first = self._output(new_reqs, CachedRequestData(), replay, finished=self._live)
+        first = self._output(new_reqs, CachedRequestData(), replay, partial,
+                             finished=self._live)
         self._live = set(replay)
-        return first, replay
+        return first, replay, partial
 
-    def _replay(self, replay: dict[str, tuple[int, int]]) -> SchedulerOutput:
+    def _replay(self, replay: dict[str, tuple[int, int]], partial: set[str]) -> SchedulerOutput:
         ids = list(replay)
         cached = CachedRequestData(
             req_ids=ids,
@@ -369,19 +411,20 @@ class StepProfiler:
             num_computed_tokens=[replay[r][0] for r in ids],
             num_output_tokens=[0] * len(ids),
         )
-        return self._output([], cached, replay, finished=set())
+        return self._output([], cached, replay, partial, finished=set())
 
     def _output(self, new_reqs: list[NewRequestData], cached: CachedRequestData,
-                replay: dict[str, tuple[int, int]], *, finished: set[str]) -> SchedulerOutput:
+                replay: dict[str, tuple[int, int]], partial: set[str], *,
+                finished: set[str]) -> SchedulerOutput:
         scheduled = {r: q for r, (_, q) in replay.items()}
-        shape = _shape_of(replay)
+        shape = _shape_of(replay, len(partial))
         out = SchedulerOutput(
             step_id=self._step_id,
             scheduled_new_reqs=new_reqs,
             scheduled_cached_reqs=cached,
             num_scheduled_tokens=scheduled,
             total_num_scheduled_tokens=sum(scheduled.values()),
-            partial_prefill_req_ids=set(),
+            partial_prefill_req_ids=set(partial),
             preempted_req_ids=set(),
             finished_req_ids=set(finished),
             batch_shape=shape,
@@ -393,12 +436,12 @@ class StepProfiler:
     def _release(self) -> None:
         """Drop the worker's state of the last shape (an empty step carrying finished ids)."""
         if self._live:
-            self.executor.execute_model(self._output([], CachedRequestData(), {},
+            self.executor.execute_model(self._output([], CachedRequestData(), {}, set(),
                                                      finished=self._live))
             self._live = set()
 
 
-def _shape_of(replay: dict[str, tuple[int, int]]) -> BatchShape:
+def _shape_of(replay: dict[str, tuple[int, int]], num_partial: int) -> BatchShape:
     """``BatchShape`` of (context, query) pairs in scheduling order."""
     pq = [q for c, q in replay.values() if q > 1]
     pc = [c for c, q in replay.values() if q > 1]
@@ -407,7 +450,7 @@ def _shape_of(replay: dict[str, tuple[int, int]]) -> BatchShape:
         num_reqs=len(replay), num_tokens=sum(q for _, q in replay.values()),
         prefill_query_lens=tuple(pq), prefill_context_lens=tuple(pc),
         num_decode_reqs=len(dec), decode_context_sum=sum(dec),
-        decode_context_max=max(dec, default=0), num_sampling_reqs=len(replay),
+        decode_context_max=max(dec, default=0), num_sampling_reqs=len(replay) - num_partial,
     )
 
 
@@ -444,6 +487,7 @@ def time_unit_costs(
     return rows
 
 
-def stats_row(kind: str, name: str, size: int, wall_s: Sequence[float]) -> ProfileRow:
+def stats_row(kind: str, name: str, size: int, wall_s: Sequence[float],
+              size2: int = 0) -> ProfileRow:
     """A unit-cost row from timings measured elsewhere (e.g. a real run's step records)."""
-    return ProfileRow(kind, name, None, int(size), SampleStats.of(wall_s))
+    return ProfileRow(kind, name, None, int(size), SampleStats.of(wall_s), int(size2))
