@@ -498,7 +498,8 @@ def sim_config_like(meta: dict[str, Any], fitted_path: Path, *, mode: str = "in_
     """The ``SimConfig`` of the measured run: its engine config exactly (KV blocks, budgets,
     chunking, prefix caching, scheduling), its workload and seed, the fitted cost model and the
     mapped front-end costs. ``model``/``gpu`` stay catalogue labels: with ``num_gpu_blocks``
-    and ``max_model_len`` given they affect nothing."""
+    and ``max_model_len`` given the catalogs are not consulted, so they carry the measured
+    run's checkpoint and device as labels."""
     from sim.config import EngineKnobs, FrontendConfig, SimConfig
 
     sched = meta["engine_config"]["scheduler"]
@@ -506,6 +507,7 @@ def sim_config_like(meta: dict[str, Any], fitted_path: Path, *, mode: str = "in_
     fitted = model or FittedCostModel.load(fitted_path)
     workload = workload_config_of(meta)
     return SimConfig(
+        model=str(meta.get("model_id", "measured-model")), gpu=str(meta.get("device", "cpu")),
         num_gpu_blocks=cache["num_gpu_blocks"], max_model_len=sched["max_model_len"],
         engine=EngineKnobs(
             max_num_batched_tokens=sched["max_num_batched_tokens"],

@@ -131,12 +131,24 @@ class SimConfig:
             raise ConfigError(
                 f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}"
             )
-        get_model(self.model)
-        get_gpu(self.gpu)
+        if not self.uses_catalog_labels_only:
+            get_model(self.model)
+            get_gpu(self.gpu)
         if not (self.cost_model == "roofline" or self.cost_model.startswith("fitted:")):
             raise ConfigError(
                 f"cost_model must be 'roofline' or 'fitted:PATH', got {self.cost_model!r}"
             )
+
+    @property
+    def uses_catalog_labels_only(self) -> bool:
+        """A fitted cost model with the KV blocks and max_model_len given needs nothing from
+        the catalogs: ``model`` and ``gpu`` are then free labels (e.g. a checkpoint directory
+        and "cpu" when validating against a measured run)."""
+        return (
+            self.cost_model.startswith("fitted:")
+            and self.num_gpu_blocks is not None
+            and self.max_model_len is not None
+        )
 
     @property
     def seed(self) -> int:
@@ -254,8 +266,10 @@ def kv_capacity(cfg: SimConfig) -> KVCapacity:
 
 
 def _budgets(cfg: SimConfig) -> tuple[int, int]:
-    default_tokens, default_seqs = server_defaults(cfg.gpu_spec)
     e = cfg.engine
+    if e.max_num_batched_tokens is not None and e.max_num_seqs is not None:
+        return e.max_num_batched_tokens, e.max_num_seqs
+    default_tokens, default_seqs = server_defaults(cfg.gpu_spec)
     return e.max_num_batched_tokens or default_tokens, e.max_num_seqs or default_seqs
 
 
@@ -266,13 +280,15 @@ def resolve_engine_config(cfg: SimConfig) -> EngineConfig:
 
     Raises ``ConfigError`` when the model does not fit or one max-length request cannot.
     """
-    m, e = cfg.model_spec, cfg.engine
-    if cfg.max_model_len is not None and cfg.max_model_len > m.max_model_len:
-        raise ConfigError(
-            f"max_model_len {cfg.max_model_len} exceeds {m.name}'s context length "
-            f"{m.max_model_len}"
-        )
-    max_model_len = cfg.max_model_len or m.max_model_len
+    e = cfg.engine
+    if cfg.max_model_len is None or not cfg.uses_catalog_labels_only:
+        m = cfg.model_spec
+        if cfg.max_model_len is not None and cfg.max_model_len > m.max_model_len:
+            raise ConfigError(
+                f"max_model_len {cfg.max_model_len} exceeds {m.name}'s context length "
+                f"{m.max_model_len}"
+            )
+    max_model_len = cfg.max_model_len or cfg.model_spec.max_model_len
     if cfg.num_gpu_blocks is not None:
         num_blocks = cfg.num_gpu_blocks
     else:

@@ -97,3 +97,13 @@ def test_experiment_file_with_unknown_key(
     f.write_text('model = "meta-llama/Llama-3.1-8B"\n[engine]\nmax_num_batched_token = 10\n')
     assert main(["simulate", "--config", str(f), "--no-plots"]) == 2
     assert "max_num_batched_token" in capsys.readouterr().err
+
+
+def test_labels_outside_the_catalogs_need_a_fitted_model_and_explicit_kv() -> None:
+    cfg = SimConfig(model="/ckpt/tiny", gpu="cpu", cost_model="fitted:x.json",
+                    num_gpu_blocks=64, max_model_len=512,
+                    engine=EngineKnobs(max_num_batched_tokens=256, max_num_seqs=8))
+    e = resolve_engine_config(cfg)
+    assert (e.cache.num_gpu_blocks, e.scheduler.max_model_len) == (64, 512)
+    with pytest.raises(ConfigError, match="unknown model '/ckpt/tiny'"):
+        SimConfig(model="/ckpt/tiny", gpu="cpu", num_gpu_blocks=64, max_model_len=512)
