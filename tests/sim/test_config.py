@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from engine.core.config import ConfigError
+from engine.core.errors import UserError
 from experiments.cli import main
 from sim.config import EngineKnobs, SimConfig, kv_capacity, resolve_engine_config
 from sim.workload import WorkloadConfig
@@ -105,5 +106,5 @@ def test_labels_outside_the_catalogs_need_a_fitted_model_and_explicit_kv() -> No
                     engine=EngineKnobs(max_num_batched_tokens=256, max_num_seqs=8))
     e = resolve_engine_config(cfg)
     assert (e.cache.num_gpu_blocks, e.scheduler.max_model_len) == (64, 512)
-    with pytest.raises(ConfigError, match="unknown model '/ckpt/tiny'"):
+    with pytest.raises(UserError, match="unknown model ./ckpt/tiny."):
         SimConfig(model="/ckpt/tiny", gpu="cpu", num_gpu_blocks=64, max_model_len=512)
