@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from experiments import validate as v
-    from experiments.cmd_validate import step_time_errors
+    from experiments.validation_report import step_time_errors
     from sim.cost.fitted import FittedCostModel
     from sim.workload import WorkloadConfig, build_workload
 

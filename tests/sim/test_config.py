@@ -106,5 +106,5 @@ def test_labels_outside_the_catalogs_need_a_fitted_model_and_explicit_kv() -> No
                     engine=EngineKnobs(max_num_batched_tokens=256, max_num_seqs=8))
     e = resolve_engine_config(cfg)
     assert (e.cache.num_gpu_blocks, e.scheduler.max_model_len) == (64, 512)
-    with pytest.raises(UserError, match="unknown model ./ckpt/tiny."):
+    with pytest.raises(UserError, match=r"unknown model ./ckpt/tiny."):
         SimConfig(model="/ckpt/tiny", gpu="cpu", num_gpu_blocks=64, max_model_len=512)

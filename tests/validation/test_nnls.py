@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.cost.fitted import fit_nonnegative, nnls
+from sim.cost.nnls import fit_nonnegative, nnls
 
 
 def brute_force(a: np.ndarray, b: np.ndarray) -> float:

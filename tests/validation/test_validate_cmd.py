@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from experiments.cmd_validate import METRICS, main, register
+from experiments.cmd_validate import main, register
+from experiments.validation_report import METRICS
 
 WORKLOAD = ["--num-prompts", "8", "--random-input-len", "24", "--random-output-len", "4",
             "--random-range-ratio", "0.5"]
