@@ -3,8 +3,8 @@ check the simulator against a measured run of the same workload (``experiments.v
 
 ``validate`` writes, per load, the measured run directory, the simulated one, ``compare/``,
 ``validation.json``, ``validation.md`` and ``step_time_scatter.png``; with ``--loads`` one
-sub-directory per load and a summary table at the top. ``write_validation`` (the report) lives
-here because it only composes ``reports`` with the fitted model.
+sub-directory per load and a summary table at the top. The report itself is written by
+``experiments.validation_report``.
 """
 
 from __future__ import annotations
