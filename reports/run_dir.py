@@ -35,12 +35,33 @@ TABLES: tuple[str, ...] = ("requests", "steps", "token_runs")
 FileFormat = Literal["parquet", "csv"]
 
 
+#: Rows per Parquet row group: a table is converted to Arrow one slice at a time, so writing a
+#: million-request run never holds a second, Arrow copy of a whole table.
+PARQUET_ROW_GROUP_ROWS = 131_072
+
+
+def write_parquet(path: Path, df: pd.DataFrame) -> None:
+    """``df`` as Parquet (no index), converted and written in row groups of at most
+    ``PARQUET_ROW_GROUP_ROWS`` rows; reads back equal to ``df.reset_index(drop=True)``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    first = pa.Table.from_pandas(df.iloc[:PARQUET_ROW_GROUP_ROWS], preserve_index=False)
+    with pq.ParquetWriter(path, first.schema) as writer:
+        writer.write_table(first)
+        del first
+        for start in range(PARQUET_ROW_GROUP_ROWS, len(df), PARQUET_ROW_GROUP_ROWS):
+            part = df.iloc[start : start + PARQUET_ROW_GROUP_ROWS]
+            writer.write_table(pa.Table.from_pandas(part, schema=writer.schema,
+                                                    preserve_index=False))
+
+
 def write_tables(out_dir: str | Path, tables: RunTables, file_format: FileFormat) -> None:
     d = Path(out_dir)
     for name in TABLES:
         df: pd.DataFrame = getattr(tables, name)
         if file_format == "parquet":
-            df.to_parquet(d / f"{name}.parquet", index=False)
+            write_parquet(d / f"{name}.parquet", df)
         elif file_format == "csv":
             df.to_csv(d / f"{name}.csv", index=False)
         else:

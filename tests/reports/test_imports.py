@@ -1,5 +1,6 @@
-"""``reports`` imports only ``engine.core.events`` of ours, plus numpy, pandas, matplotlib and
-the standard library (ARCHITECTURE.md §2); ``twinserve --help`` does not import pandas."""
+"""``reports`` imports only ``engine.core.events`` of ours, plus numpy, pandas, matplotlib,
+pyarrow (pandas' Parquet engine, used directly to write tables in row groups) and the standard
+library (ARCHITECTURE.md §2); ``twinserve --help`` does not import pandas."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import sys
 from pathlib import Path
 
 REPORTS = Path(__file__).resolve().parents[2] / "reports"
-ALLOWED_THIRD_PARTY = {"numpy", "pandas", "matplotlib"}
+ALLOWED_THIRD_PARTY = {"numpy", "pandas", "matplotlib", "pyarrow"}
 
 
 def _imports(path: Path) -> set[str]:

@@ -76,6 +76,28 @@ def test_round_trip_gives_the_same_summary(tmp_path, file_format):
     assert tables.requests["req_id"].tolist() == ["a", "c", "b", "d"]
 
 
+def test_parquet_tables_are_written_in_row_groups(tmp_path, monkeypatch):
+    """Small row groups (so no whole-table Arrow copy) read back as the tables pandas' own
+    one-piece ``to_parquet`` gives."""
+    import pyarrow.parquet as pq
+
+    from reports import run_dir as rd
+    from reports.tables import build_tables
+
+    tables = build_tables(known_log())
+    monkeypatch.setattr(rd, "PARQUET_ROW_GROUP_ROWS", 3)
+    rd.write_tables(tmp_path, tables, "parquet")
+    for name in rd.TABLES:
+        df = getattr(tables, name)
+        assert pq.ParquetFile(tmp_path / f"{name}.parquet").num_row_groups == -(-len(df) // 3)
+        df.to_parquet(tmp_path / "whole.parquet", index=False)
+        pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / f"{name}.parquet"),
+                                      pd.read_parquet(tmp_path / "whole.parquet"))
+    empty = tables.requests.iloc[:0]
+    rd.write_parquet(tmp_path / "empty.parquet", empty)
+    assert list(pd.read_parquet(tmp_path / "empty.parquet").columns) == list(empty.columns)
+
+
 def test_rebuild_keeps_previous_options_unless_given(run_dir, tmp_path):
     write_run_dir(tmp_path, known_log(), META, plots=False, **OPTS)
     kept = rebuild_report(tmp_path, plots=False)
