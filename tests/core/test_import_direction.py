@@ -8,7 +8,8 @@
   or kernels.
 * ``engine/worker`` imports ``engine.core`` and ``kernels``, not ``sim``; ``engine/serve``
   imports ``engine.core`` and ``engine.worker``.
-* ``reports`` imports only ``engine.core.events`` of ours, plus pandas/numpy/matplotlib.
+* ``reports`` imports only ``engine.core.events`` of ours, plus pandas/numpy/matplotlib and
+  pyarrow (pandas' Parquet engine, used directly to write tables in row groups).
 * ``kernels`` imports nothing of ours.
 
 Packages that do not exist yet are simply not checked; the checker itself is tested on snippets.
@@ -49,7 +50,7 @@ RULES: dict[str, Rule] = {
     ),
     "reports": Rule(
         ours=("reports", "engine.core.events"),
-        third_party=("pandas", "numpy", "matplotlib"),
+        third_party=("pandas", "numpy", "matplotlib", "pyarrow"),
     ),
     "kernels": Rule(ours=("kernels",), third_party=None),
 }
