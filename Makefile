@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP_SIM  := $(VENV)/.stamp-sim
 STAMP_ALL  := $(VENV)/.stamp-all
 
-.PHONY: demo test test-all lint bench clean
+.PHONY: demo test test-all lint clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)

@@ -95,5 +95,5 @@ def register(sub: Any) -> None:
                    help="torch CPU threads (default 1: steadier step times on small machines; "
                    "0 = torch's default)")
     add_workload_flags(p)
-    add_report_flags(p)
+    add_report_flags(p, "real")
     p.set_defaults(func=_run_real)

@@ -92,9 +92,9 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_report_flags(p: argparse.ArgumentParser) -> None:
+def add_report_flags(p: argparse.ArgumentParser, run_kind: str = "simulate") -> None:
     g = p.add_argument_group("results")
-    g.add_argument("--out", help="run directory (default runs/simulate-<timestamp>)")
+    g.add_argument("--out", help=f"run directory (default runs/{run_kind}-<timestamp>)")
     g.add_argument("--no-plots", action="store_true", help="skip plot rendering")
     g.add_argument("--goodput", nargs="+", metavar="KEY:MS",
                    help="SLOs for goodput, e.g. ttft:500 tpot:50 e2el:10000 (ms)")

@@ -221,7 +221,8 @@ def register(sub: Any) -> None:
                    help="each row's target in the fit (default mean: latencies add up)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--refit", action="store_true", help="only refit an existing profile CSV")
-    p.add_argument("--cpu-threads", type=int, default=1, help="torch CPU threads (0: default)")
+    p.add_argument("--cpu-threads", type=int, default=1,
+                   help="torch CPU threads (default 1; 0: torch's own default)")
     p.set_defaults(func=_profile)
     _optional_model(p)
 
@@ -251,7 +252,8 @@ def register(sub: Any) -> None:
                    "probe steps' time around the run / during the profile) and report both")
     p.add_argument("--frontend-mapping", choices=["in_process", "stages"], default="in_process")
     p.add_argument("--no-plots", action="store_true")
-    p.add_argument("--cpu-threads", type=int, default=1, help="torch CPU threads (0: default)")
+    p.add_argument("--cpu-threads", type=int, default=1,
+                   help="torch CPU threads (default 1; 0: torch's own default)")
     p.set_defaults(func=_validate)
     _optional_model(p)
 

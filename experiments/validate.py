@@ -4,7 +4,8 @@ compare with the measured run (``twinserve profile`` / ``twinserve validate``).
 The pieces, each usable alone:
 
 * ``profile_engine`` — the model-step grid (``engine.worker.profiler.StepProfiler``), the
-  front-end callables (``frontend_rows``: request admission, tokenize, detokenize) and the
+  front-end callables (``frontend_rows``: request admission, tokenize, detokenize), the first
+  step after the loop idled (``wakeup_rows``) and the
   engine loop's own CPU stages, taken from a short *calibration* run of the real loop on a
   workload of its own seed (``loop_rows``: schedule, post-step output processing, loop top);
   writes ``profile.csv``, ``profile.meta.json`` and the fitted ``profile.fitted.json``;
@@ -150,6 +151,8 @@ def profile_engine(
     rows = StepProfiler(engine.executor).profile(the_grid)
     t_grid = time.perf_counter() - t0
     rows += frontend_rows(engine)
+    log("timing the first step after the engine loop idled …")
+    rows += wakeup_rows(engine, the_grid)
     log("calibrating the engine loop on real runs …")
     logs = []
     for w in calibration.workload_configs(the_grid.max_num_seqs):
@@ -245,6 +248,17 @@ def frontend_rows(engine: Any, *, repeats: int = 7) -> list[Any]:
                                 [s for s in sizes if s <= len(prompts[max(sizes)])],
                                 repeats=repeats)
     return rows
+
+
+def wakeup_rows(engine: Any, grid: Any) -> list[Any]:
+    """The wake-up probe (``StepProfiler.measure_wakeup``): a lone prompt of up to 128 tokens
+    (within the grid's limits) after each idle duration, and back to back."""
+    from engine.worker.profiler import WAKEUP_SHAPE, ShapeSpec, StepProfiler
+
+    (query_len, _), = WAKEUP_SHAPE.prefill_chunks
+    query_len = max(1, min(query_len, grid.max_num_batched_tokens, grid.max_model_len - 2))
+    spec = ShapeSpec("prefill", ((query_len, 0),), ())
+    return StepProfiler(engine.executor).measure_wakeup(spec, seed=grid.seed)
 
 
 def in_loop_rows(timings: Sequence[Any]) -> list[Any]:

@@ -33,8 +33,13 @@ class FrontendConfig:
     Defaults are estimates for a vLLM OpenAI server on a modern server CPU: request validation
     and chat templating ≈ 0.3 ms, fast (Rust) tokenization ≈ 1 µs per prompt token,
     detokenization ≈ 2 µs per streamed token, ZeroMQ + msgpack IPC ≈ 50 µs per message, and
-    the engine core's own scheduling CPU ≈ 9 µs per scheduled request (vLLM 0.33.0's scheduler
-    measured on this project's 2-core machine; see docs/simulator.md).
+    the engine core's own scheduling CPU ≈ 9 µs per scheduled request (of the order of vLLM
+    0.33.0's scheduler; see docs/simulator.md for what was measured).
+
+    ``idle_wakeup_s`` is extra time of the first model step after the engine loop had nothing
+    to do (caches gone cold, clocks lowered while it slept); an idle period shorter than
+    ``idle_wakeup_ramp_s`` pays it pro rata (0: any idle period pays all of it). Both are 0 by
+    default; ``twinserve profile`` measures them for the machine at hand.
     """
 
     num_api_servers: int = 1  # front-end processes (vLLM --api-server-count)
@@ -47,6 +52,17 @@ class FrontendConfig:
     schedule_overhead_s: float = 5e-5  # engine core CPU per step: schedule() base cost
     schedule_s_per_request: float = 9e-6  # ... plus this per scheduled request
     update_overhead_s: float = 2e-5  # engine core CPU per step: update_from_output() base
+    idle_wakeup_s: float = 0.0  # extra time of the first step after the engine loop idled
+    idle_wakeup_ramp_s: float = 0.0  # idle time from which the whole wake-up cost is paid
+
+    def wakeup_s(self, idle_s: float) -> float:
+        """Extra time of the first step after an idle period of ``idle_s`` seconds."""
+        if idle_s <= 0.0 or self.idle_wakeup_s <= 0.0:
+            return 0.0
+        ramp = self.idle_wakeup_ramp_s
+        if ramp <= 0.0 or idle_s >= ramp:
+            return self.idle_wakeup_s
+        return self.idle_wakeup_s * idle_s / ramp
 
     def __post_init__(self) -> None:
         if self.num_api_servers < 1:

@@ -72,6 +72,7 @@ class EngineReplica:
         self._last_report: tuple[int, int, float] = (0, 0, 0.0)
         self.num_bulk_steps = 0
         self.num_bulk_runs = 0
+        self._wakeup_s = 0.0  # extra time owed by the next step (the loop just woke up)
 
     # -- inputs ---------------------------------------------------------------------------------
     def push(self, arrival_s: float, seq: int, request: Request) -> None:
@@ -95,9 +96,14 @@ class EngineReplica:
         return self._last_report
 
     # -- the loop -------------------------------------------------------------------------------
+    def woke_up(self, idle_s: float) -> None:
+        """The loop had nothing to do for ``idle_s`` seconds: its next step pays the
+        front-end config's wake-up cost (``FrontendConfig.wakeup_s``)."""
+        self._wakeup_s = self.frontend.wakeup_s(idle_s)
+
     def iterate(self, now: float, horizon: float) -> float:
         """One loop pass (or a bulk run of them) starting at engine time ``now``."""
-        if self.fast_path:
+        if self.fast_path and not self._wakeup_s:
             after = self._bulk_iterations(now, horizon)
             if after is not None:
                 return after
@@ -111,6 +117,9 @@ class EngineReplica:
                 out.num_scheduled_tokens
             )
             cost = self.executor.step_time(out).total_s
+            if self._wakeup_s and out.total_num_scheduled_tokens:
+                cost += self._wakeup_s
+                self._wakeup_s = 0.0
             start = now if now > self._gpu_free_s else self._gpu_free_s
             self._gpu_free_s = start + cost
             self._pending[out.step_id] = (start, start + cost, cost)

@@ -357,11 +357,14 @@ class SimRuntime:
     def _engine(self, replica: EngineReplica) -> Generator[simpy.Event, object, None]:
         env, core = self.env, replica.core
         now = 0.0  # the engine's own clock; may run ahead of env.now up to the horizon
+        idle_since: float | None = 0.0  # when the loop last ran out of work (None: busy)
         while True:
             if now < env.now:
                 now = env.now
             replica.drain(now)
             if not core.has_work():
+                if idle_since is None:
+                    idle_since = now
                 if (self._next_send >= len(self.workload) and not replica.inputs
                         and not self._to_route):
                     return
@@ -373,6 +376,9 @@ class SimRuntime:
                     yield wake
                     self._engine_wake[replica.index] = None
                 continue
+            if idle_since is not None:
+                replica.woke_up(now - idle_since)
+                idle_since = None
             horizon = self._horizon(replica)
             while now < horizon and core.has_work():
                 now = replica.iterate(now, horizon)

@@ -10,6 +10,9 @@ Responsibility: produce the measured rows a fitted cost model is fitted to (COST
   for. Shapes are measured in ``rounds`` passes (shuffled with the seed), so a slow drift in the
   machine's load spreads over all shapes instead of biasing a few; each row keeps the median and
   the spread of its samples.
+* ``StepProfiler.measure_wakeup`` times one small prefill right after the thread slept for a
+  few idle durations, and right after another step: what an engine loop that slept until the
+  next arrival pays on its first step (cold caches, lowered clocks).
 * ``time_unit_costs`` times any callable of one size argument (tokenize ``n`` prompt tokens,
   detokenize ``n`` tokens, admit one request of ``n`` prompt tokens …) — the callables are
   injected by the caller, so this module needs nothing of the front end (import direction:
@@ -268,6 +271,12 @@ class ProfileGrid:
         return 1 + max((s.num_blocks(block_size) for s in self.shapes()), default=1)
 
 
+#: Idle durations after which ``StepProfiler.measure_wakeup`` times a step (seconds).
+WAKEUP_IDLE_S: tuple[float, ...] = (0.002, 0.005, 0.01, 0.03, 0.1)
+
+#: The step timed after idling: one lone 128-token prompt, what an idle engine wakes up to.
+WAKEUP_SHAPE = ShapeSpec("prefill", ((128, 0),), ())
+
 #: The speed probe: two fixed, small steps measured before and after every measured run and
 #: with every profile, so a change of the machine's speed between them shows (shared hosts).
 PROBE_SHAPES: tuple[ShapeSpec, ...] = (
@@ -373,6 +382,47 @@ class StepProfiler:
             if k >= grid.warmup:
                 into.wall_s.append(wall)
                 into.cpu_s.append(cpu)
+
+    def measure_wakeup(
+        self,
+        spec: ShapeSpec,
+        idle_s: Sequence[float] = WAKEUP_IDLE_S,
+        *,
+        samples: int = 10,
+        seed: int = 0,
+    ) -> list[ProfileRow]:
+        """The step ``spec`` timed right after the thread slept ``idle_s`` (as the engine loop
+        sleeps when it has nothing to do) and right after another step (back to back).
+
+        Rows ``("loop", "wakeup", size=idle µs)``; size 0 holds the back-to-back samples, each
+        taken right after one of the slept ones, so both see the same machine. The idle
+        durations are visited in a seeded shuffled order, ``samples`` times each.
+        """
+        if samples < 1 or not idle_s or min(idle_s) <= 0:
+            raise ValueError("measure_wakeup needs samples >= 1 and positive idle durations")
+        rng = np.random.default_rng(seed)
+        first, replay, partial = self._schedules(spec, rng)
+        self.executor.execute_model(first)
+        for _ in range(2):  # warm-up
+            self.executor.execute_model(self._replay(replay, partial))
+        after: dict[float, list[float]] = {d: [] for d in idle_s}
+        back_to_back: list[float] = []
+        for _ in range(samples):
+            for i in rng.permutation(len(idle_s)):
+                d = idle_s[int(i)]
+                slept, next_one = self._replay(replay, partial), self._replay(replay, partial)
+                time.sleep(d)
+                t0 = time.perf_counter()
+                self.executor.execute_model(slept)
+                t1 = time.perf_counter()
+                self.executor.execute_model(next_one)
+                after[d].append(t1 - t0)
+                back_to_back.append(time.perf_counter() - t1)
+        self._release()
+        self.executor.step_timings.clear()
+        return [stats_row("loop", "wakeup", 0, back_to_back)] + [
+            stats_row("loop", "wakeup", round(d * 1e6), after[d]) for d in idle_s
+        ]
 
     def _schedules(
         self, spec: ShapeSpec, rng: np.random.Generator

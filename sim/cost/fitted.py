@@ -180,10 +180,50 @@ STAGES: dict[str, tuple[str, str]] = {
 
 
 @dataclass(frozen=True, slots=True)
+class IdleWakeup:
+    """Extra time of the first step after the engine loop slept ``idle_s`` seconds:
+    ``extra_s · min(1, idle_s / ramp_s)`` (``ramp_s`` 0: any idle period pays all of it) —
+    the simulator's ``FrontendConfig.idle_wakeup_s`` / ``idle_wakeup_ramp_s``.
+
+    Fitted from the profile's ``("loop", "wakeup")`` rows: size 0 = the step back to back,
+    size d = the same step after d µs asleep. ``extra_s`` is the median excess of the idle
+    durations of at least ``SATURATED_IDLE_S`` (the longest one if none is that long);
+    ``ramp_s`` is the measured idle duration whose ramp fits the excesses best (least
+    squares; 0 among the candidates)."""
+
+    extra_s: float = 0.0
+    ramp_s: float = 0.0
+    num_rows: int = 0  # 0: not measured (no cost)
+
+    SATURATED_IDLE_S = 0.02
+
+    @staticmethod
+    def fit(records: Sequence[ProfileRecord], statistic: str = "mean") -> IdleWakeup:
+        rows = {r.size: r.value(statistic) for r in records
+                if r.kind == "loop" and r.name == "wakeup"}
+        if 0 not in rows or len(rows) < 2:
+            return IdleWakeup()
+        base = rows.pop(0)
+        idle = np.array(sorted(rows), dtype=np.float64) * 1e-6
+        excess = np.maximum(np.array([rows[k] for k in sorted(rows)]) - base, 0.0)
+        saturated = excess[idle >= IdleWakeup.SATURATED_IDLE_S]
+        extra = float(np.median(saturated)) if len(saturated) else float(excess[-1])
+        best = (math.inf, 0.0)
+        for ramp in (0.0, *idle.tolist()):
+            model = extra * (np.minimum(idle / ramp, 1.0) if ramp > 0 else np.ones_like(idle))
+            loss = float(np.sum((model - excess) ** 2))
+            if loss < best[0] - 1e-18:
+                best = (loss, ramp)
+        return IdleWakeup(extra, best[1], len(rows) + 1)
+
+
+@dataclass(frozen=True, slots=True)
 class FrontendCosts:
-    """CPU costs around the model step, measured with the profile (zero where unmeasured)."""
+    """CPU costs around the model step, measured with the profile (zero where unmeasured),
+    and the wake-up cost of the first step after the loop idled."""
 
     stages: dict[str, StageCost] = field(default_factory=dict)
+    wakeup: IdleWakeup = IdleWakeup()
 
     def get(self, name: str) -> StageCost:
         unit, unit2 = STAGES.get(name, ("", ""))
@@ -205,7 +245,7 @@ class FrontendCosts:
             c = fit_nonnegative(x, y, w) if len(rows) > 1 else np.array([y[0], 0.0, 0.0])
             stages[name] = StageCost(float(c[0]), float(c[1]), float(c[2]), unit, unit2,
                                      len(rows))
-        return FrontendCosts(stages)
+        return FrontendCosts(stages, IdleWakeup.fit(records, statistic))
 
     def frontend_config_values(self, mode: str = "in_process",
                                mean_output_len: float = 32.0) -> dict[str, float | int]:
@@ -224,14 +264,18 @@ class FrontendCosts:
         it delays the request as in the real loop but, unlike there, does not block the engine.
 
         ``stages``: a server whose API-server and output processes run beside the engine.
+
+        Both carry the measured wake-up cost (``idle_wakeup_s``, ``idle_wakeup_ramp_s``).
         """
         sched, post, gap = self.get("loop/schedule"), self.get("loop/post"), self.get("loop/gap")
         admit = self.get("frontend/admit")
         per_request_once = (sched.slope2_s + post.slope2_s) / max(mean_output_len, 1.0)
+        wake = {"idle_wakeup_s": self.wakeup.extra_s, "idle_wakeup_ramp_s": self.wakeup.ramp_s}
         if mode == "in_process":
             # an arrival's admission as measured inside the loop (gap slope) when there is one
             admit_s = gap.slope_s if gap.num_rows > 1 and gap.slope_s > 0 else admit.intercept_s
             return {
+                **wake,
                 "num_api_servers": 1,
                 "request_overhead_s": admit_s,
                 "tokenize_s_per_token": admit.slope_s,
@@ -246,6 +290,7 @@ class FrontendCosts:
         if mode == "stages":
             tok, detok = self.get("frontend/tokenize"), self.get("frontend/detokenize")
             return {
+                **wake,
                 "request_overhead_s": admit.intercept_s + tok.intercept_s,
                 "tokenize_s_per_token": tok.slope_s + admit.slope_s,
                 "detokenize_s_per_token": detok.slope_s,
@@ -257,11 +302,14 @@ class FrontendCosts:
         raise ConfigError(f"unknown front-end mapping {mode!r}: use in_process or stages")
 
     def to_json(self) -> dict[str, Any]:
-        return {name: asdict(c) for name, c in self.stages.items()}
+        values: dict[str, Any] = {name: asdict(c) for name, c in self.stages.items()}
+        values["idle_wakeup"] = asdict(self.wakeup)
+        return values
 
     @staticmethod
     def from_json(values: dict[str, Any]) -> FrontendCosts:
-        return FrontendCosts({k: StageCost(**v) for k, v in values.items()})
+        stages = {k: StageCost(**v) for k, v in values.items() if k != "idle_wakeup"}
+        return FrontendCosts(stages, IdleWakeup(**values.get("idle_wakeup", {})))
 
 
 def _source_weights(rows: Sequence[ProfileRecord]) -> np.ndarray:

@@ -125,3 +125,28 @@ def test_async_scheduling_hides_scheduler_cpu_time() -> None:
         tokens[is_async] = [e[2] for e in events(r) if e[1] == "TOKEN"]
     assert tokens[False] == [0.0235, 0.0365, 0.0495]
     assert tokens[True] == [0.0235, 0.0345, 0.0455]
+
+
+def test_idle_wakeup_cost_is_paid_by_the_first_step_after_an_idle_loop() -> None:
+    # Wake-up 4 ms, reached after 20 ms of idleness. Request 0 is enqueued at 1.5 after 1.5 ms
+    # idle: its prefill pays 4 × 1.5/20 = 0.3 (1.5 + 20 + 0.3 = 21.8); its decode runs back to
+    # back (+11 = 32.8). Request 1 is sent at 100 and enqueued at 101.5 after 68.7 ms idle: it
+    # pays the whole 4 ms (101.5 + 20 + 4 = 125.5), then 136.5.
+    fe = dataclasses.replace(SIMPLE_FRONTEND, idle_wakeup_s=0.004, idle_wakeup_ramp_s=0.02)
+    r = simulate(workload([0.0, 0.1], [10, 10], [2, 2]), engine=SYNC, frontend=fe)
+    tokens = [(e[0], round(e[2], 9)) for e in events(r) if e[1] == "TOKEN"]
+    assert tokens == [("0", 0.0218), ("0", 0.0328), ("1", 0.1255), ("1", 0.1365)]
+    steps = r.event_log.steps_columns()
+    costs = [c for c, n in zip(steps["cost_s"], steps["num_tokens"], strict=True) if n]
+    assert [round(c, 9) for c in costs] == [0.0203, 0.011, 0.024, 0.011]
+
+
+def test_idle_wakeup_cost_defaults_to_zero_and_leaves_busy_loops_alone() -> None:
+    # Without a wake-up cost the times are the plain ones; with one, a loop that never idles
+    # between requests (B arrives while A runs) pays it only once, at the start.
+    base = simulate(workload([0.0, 0.001], [10, 10], [3, 3]), engine=SYNC)
+    fe = dataclasses.replace(SIMPLE_FRONTEND, idle_wakeup_s=0.004)
+    woken = simulate(workload([0.0, 0.001], [10, 10], [3, 3]), engine=SYNC, frontend=fe)
+    t0 = [e[2] for e in events(base) if e[1] == "TOKEN"]
+    t1 = [e[2] for e in events(woken) if e[1] == "TOKEN"]
+    assert [round(b - a, 9) for a, b in zip(t0, t1, strict=True)] == [0.004] * len(t0)

@@ -16,7 +16,7 @@ from sim.config import EngineKnobs, SimConfig
 from sim.replica import EngineReplica
 from sim.runtime import SimResult, SimRuntime, run_simulation
 from sim.workload import WorkloadConfig
-from tests.sim.helpers import LinearCostModel, simulate, workload
+from tests.sim.helpers import SIMPLE_FRONTEND, LinearCostModel, simulate, workload
 
 
 def _log_columns(res: SimResult) -> tuple:
@@ -108,6 +108,12 @@ def test_fast_path_changes_nothing(sc: tuple) -> None:
     engine, blocks, w, _ = sc
     fast = simulate(w, engine=engine, num_gpu_blocks=blocks, max_model_len=200)
     slow = simulate(w, engine=engine, num_gpu_blocks=blocks, max_model_len=200, fast_path=False)
+    assert _log_columns(fast) == _log_columns(slow)
+    # an idle wake-up cost (paid by the first step after the loop idled) keeps them equal
+    wake = dataclasses.replace(SIMPLE_FRONTEND, idle_wakeup_s=0.003, idle_wakeup_ramp_s=0.01)
+    fast = simulate(w, engine=engine, num_gpu_blocks=blocks, max_model_len=200, frontend=wake)
+    slow = simulate(w, engine=engine, num_gpu_blocks=blocks, max_model_len=200, frontend=wake,
+                    fast_path=False)
     assert _log_columns(fast) == _log_columns(slow)
 
 

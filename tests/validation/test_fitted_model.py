@@ -18,6 +18,7 @@ from sim.cost.fitted import (
     FEATURE_NAMES,
     FittedCostModel,
     FrontendCosts,
+    IdleWakeup,
     ModelGeometry,
     ProfileRecord,
     read_profile_csv,
@@ -203,6 +204,49 @@ def test_frontend_costs_recovered_and_mapped_onto_the_serial_loop() -> None:
     FrontendConfig(**costs.frontend_config_values("stages"))
     with pytest.raises(ConfigError, match="mapping"):
         costs.frontend_config_values("nope")
+
+
+def wakeup_rows(base: float, extra: float, ramp_s: float,
+                idle_us: tuple[int, ...] = (2000, 5000, 10000, 30000, 100000)
+                ) -> list[ProfileRecord]:
+    out = [ProfileRecord("loop", "wakeup", None, 0, 0, base, base, base, base, 50, math.nan)]
+    for d in idle_us:
+        t = base + extra * min(1.0, d * 1e-6 / ramp_s)
+        out.append(ProfileRecord("loop", "wakeup", None, d, 0, t, t, t, t, 10, math.nan))
+    return out
+
+
+@pytest.mark.parametrize(("ramp_s", "fitted_ramp_s"), [(1e-4, 0.0), (0.005, 0.005),
+                                                       (0.01, 0.01), (0.03, 0.03)])
+def test_idle_wakeup_recovered_and_mapped(ramp_s: float, fitted_ramp_s: float) -> None:
+    # a ramp shorter than the shortest idle duration measured looks like none (0)
+    costs = FrontendCosts.fit(wakeup_rows(5e-3, 3e-3, ramp_s) + stage_rows(
+        "loop", "schedule", 80e-6, 3e-6, 20e-6))
+    w = costs.wakeup
+    assert (w.extra_s, w.ramp_s, w.num_rows) == pytest.approx((3e-3, fitted_ramp_s, 6))
+    ramp_s = fitted_ramp_s or 1e-3
+    from sim.config import FrontendConfig
+
+    half = 1.5e-3 if fitted_ramp_s else 3e-3
+    for mode in ("in_process", "stages"):
+        fe = costs.frontend_config_values(mode)
+        assert (fe["idle_wakeup_s"], fe["idle_wakeup_ramp_s"]) == pytest.approx(
+            (3e-3, fitted_ramp_s))
+        config = FrontendConfig(**fe)
+        assert config.wakeup_s(ramp_s / 2) == pytest.approx(half)
+        assert config.wakeup_s(1.0) == pytest.approx(3e-3) and config.wakeup_s(0.0) == 0.0
+    back = FrontendCosts.from_json(json.loads(json.dumps(costs.to_json())))
+    assert back == costs
+
+
+def test_idle_wakeup_unmeasured_or_absent_costs_nothing() -> None:
+    assert FrontendCosts.fit([]).wakeup == IdleWakeup()
+    only_base = wakeup_rows(5e-3, 0.0, 0.01)[:1]
+    assert IdleWakeup.fit(only_base) == IdleWakeup()
+    faster = IdleWakeup.fit(wakeup_rows(5e-3, -1e-3, 0.01))  # sleeping helped: no cost
+    assert faster.extra_s == 0.0
+    # a fitted model saved before the wake-up probe existed still loads
+    assert FrontendCosts.from_json({}).wakeup == IdleWakeup()
 
 
 def test_profile_csv_from_the_profiler_reads_back(tmp_path: Path) -> None:

@@ -94,6 +94,19 @@ def test_profiler_measures_each_shape_and_releases_the_worker(engine, tmp_path: 
     assert [b.median_s for b in back] == [r.stats.median_s for r in rows]
 
 
+def test_wakeup_probe_times_the_step_after_each_idle_duration(engine, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    spec = ShapeSpec("prefill", ((32, 0),), ())
+    rows = StepProfiler(engine.executor).measure_wakeup(spec, (0.001, 0.004), samples=3)
+    assert [(r.kind, r.name, r.size, r.stats.num_samples) for r in rows] == [
+        ("loop", "wakeup", 0, 6), ("loop", "wakeup", 1000, 3), ("loop", "wakeup", 4000, 3)]
+    assert all(r.shape is None and r.stats.median_s > 0 for r in rows)
+    assert len(engine.executor.runner.states) == 0 and engine.executor.step_timings == []
+    back = read_profile_csv(write_profile_csv(tmp_path / "w.csv", rows))
+    assert [(b.kind, b.name, b.size) for b in back] == [(r.kind, r.name, r.size) for r in rows]
+    with pytest.raises(ValueError, match="idle"):
+        StepProfiler(engine.executor).measure_wakeup(spec, (0.0,))
+
+
 def test_profiler_refuses_a_kv_cache_too_small_for_the_grid(engine) -> None:  # type: ignore[no-untyped-def]
     grid = ProfileGrid(decode_batch_sizes=(64,), decode_context_lens=(500,), max_model_len=1024)
     with pytest.raises(ValueError, match="KV blocks"):

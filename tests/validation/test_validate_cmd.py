@@ -64,6 +64,12 @@ def test_validate_writes_the_whole_output_directory(validated: Path) -> None:
     assert result["request_rate"] == pytest.approx(0.5 * result["capacity_rps"])
     md = (validated / "validation.md").read_text()
     assert "| this run | TTFT |" in md and "Which stage misses" in md
+    # the wake-up probe was measured, fitted and handed to the simulation
+    wakeup = json.loads((validated / "profile.fitted.json").read_text())["frontend"]["idle_wakeup"]
+    assert wakeup["num_rows"] == 6 and wakeup["extra_s"] >= 0
+    simulated = json.loads((validated / "simulated" / "config.json").read_text())["config"]
+    assert simulated["frontend"]["idle_wakeup_s"] == wakeup["extra_s"]
+    assert simulated["frontend"]["idle_wakeup_ramp_s"] == wakeup["ramp_s"]
 
 
 def test_measured_and_simulated_runs_serve_the_same_request_stream(validated: Path) -> None:
