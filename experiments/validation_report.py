@@ -25,9 +25,13 @@ def _rel(sim: float, meas: float) -> float | None:
     return (sim - meas) / meas
 
 
-def step_time_errors(model: Any, samples: Sequence[Any]) -> dict[str, Any]:
-    """Predicted vs measured step time on the measured run's own shapes (``StepSample``s)."""
+def step_time_errors(model: Any, samples: Sequence[Any],
+                     extra_s: Sequence[float] | None = None) -> dict[str, Any]:
+    """Predicted vs measured step time on the measured run's own shapes (``StepSample``s);
+    ``extra_s`` is added to the predictions (e.g. each step's wake-up cost)."""
     pred = np.array([model.step_time(s.shape).total_s for s in samples])
+    if extra_s is not None and len(pred):
+        pred = pred + np.asarray(extra_s, dtype=np.float64)
     meas = np.array([s.execute_time_s for s in samples])
     if not len(meas):
         return {"num_steps": 0, "median_abs_rel_err": None, "median_rel_err": None,
@@ -43,19 +47,53 @@ def after_idle_steps(steps: Any, samples: Sequence[Any], model: Any,
                      idle_s: float = 1e-3) -> dict[str, Any]:
     """The steps that start after the loop sat idle (> ``idle_s`` since the previous step's
     outputs) vs the others: on a shared CPU the first steps after a sleep run with cold caches,
-    which a profile of back-to-back steps never sees."""
+    which a profile of back-to-back steps never sees. ``with_wakeup_total_rel_err`` adds the
+    fitted wake-up cost for each step's measured idle time, as the simulator does."""
+    from sim.config import FrontendConfig
+
     st = steps.sort_values("step_id")
     end = st["delivered_time_s"].fillna(st["update_time_s"]).to_numpy()
     start = st["schedule_time_s"].to_numpy()
-    idle_ids = set(st["step_id"].to_numpy()[1:][start[1:] - end[:-1] > idle_s].tolist())
-    out: dict[str, Any] = {}
+    ids = st["step_id"].to_numpy()
+    gaps = dict(zip(ids[1:].tolist(), (start[1:] - end[:-1]).tolist(), strict=True))
+    idle_ids = {i for i, gap in gaps.items() if gap > idle_s}
+    wake = model.frontend.wakeup
+    fe = FrontendConfig(idle_wakeup_s=wake.extra_s, idle_wakeup_ramp_s=wake.ramp_s)
+    out: dict[str, Any] = {"wakeup_s": wake.extra_s, "wakeup_ramp_s": wake.ramp_s,
+                           "wakeup_measured": wake.num_rows > 0}
     for name, group in (("after_idle", [s for s in samples if s.step_id in idle_ids]),
                         ("back_to_back", [s for s in samples if s.step_id not in idle_ids])):
         err = step_time_errors(model, group)
+        woken = step_time_errors(model, group, [fe.wakeup_s(gaps.get(s.step_id, 0.0))
+                                                if s.step_id in idle_ids else 0.0
+                                                for s in group])
         out[name] = {"num_steps": err["num_steps"], "total_rel_err": err["total_rel_err"],
                      "median_rel_err": err["median_rel_err"],
+                     "with_wakeup_total_rel_err": woken["total_rel_err"],
                      "measured_median_s": _median([s.execute_time_s for s in group])}
     return out
+
+
+def _wakeup_notes(idle: dict[str, Any]) -> list[str]:
+    """What the steps after an idle loop say about the wake-up cost."""
+    a, b = idle["after_idle"], idle["back_to_back"]
+    if not a["num_steps"] or a["total_rel_err"] is None:
+        return []
+    seen = (f"Wake-up after idle: {a['num_steps']} steps start after the loop slept; the step "
+            f"model alone is {a['total_rel_err']:+.1%} on them (measured median "
+            f"{1e3 * a['measured_median_s']:.2f} ms) vs {_pct(b['total_rel_err'])} on "
+            "back-to-back steps.")
+    if idle.get("wakeup_measured"):
+        return [f"{seen} With the profile's wake-up cost ({1e3 * idle['wakeup_s']:.2f} ms, "
+                f"full after {1e3 * idle['wakeup_ramp_s']:.0f} ms asleep), which the simulator "
+                f"adds to the first step after its loop idled, it is "
+                f"{_pct(a['with_wakeup_total_rel_err'])}."]
+    if b["total_rel_err"] is None or a["total_rel_err"] < b["total_rel_err"] - 0.05:
+        return [f"{seen} This profile has no wake-up probe (profiled before it existed), so "
+                "the simulator adds no wake-up cost and the first step of a request that "
+                "finds the engine idle — its prefill, hence TTFT — is under-predicted at "
+                "light load; profile again to measure it."]
+    return []
 
 
 def plot_step_scatter(model: Any, samples: Sequence[Any], png: Path) -> Path:
@@ -190,17 +228,7 @@ def diagnose(res: dict[str, Any]) -> list[str]:
         notes.append(f"Step-time model: on this run's own {step['num_steps']} steps the fitted "
                      f"model's total step time is {bias:+.1%} off (per-step |err| median "
                      f"{step['median_abs_rel_err']:.1%}).{why}")
-    a, b = idle["after_idle"], idle["back_to_back"]
-    if a["num_steps"] and a["total_rel_err"] is not None and (
-            b["total_rel_err"] is None or a["total_rel_err"] < b["total_rel_err"] - 0.05):
-        notes.append(
-            f"Wake-up after idle: {a['num_steps']} steps start after the loop slept; the model "
-            f"is {a['total_rel_err']:+.1%} on them (measured median "
-            f"{1e3 * a['measured_median_s']:.2f} ms) vs "
-            f"{_pct(b['total_rel_err'])} on back-to-back steps. The profile replays steps "
-            "back to back (warm caches) and the simulator has no wake-up cost, so the first "
-            "step of a request that finds the engine idle — its prefill, hence TTFT — is "
-            "under-predicted at light load.")
+    notes += _wakeup_notes(idle)
     by = {name: (m, s) for name, m, s in res_stages(res)}
     m = by["schedule CPU per step"][0] + by["post-step CPU (update + outputs)"][0]
     s = by["schedule CPU per step"][1] + by["post-step CPU (update + outputs)"][1]
@@ -342,10 +370,12 @@ def _markdown(res: dict[str, Any], png: Path | None, measured: Path, simulated: 
                      f"{1e3 * r['simulated']:.3f} | {delta:+.3f} |")
     idle = res["after_idle"]
     lines += ["", "## Step-time model on the run's own steps", "",
-              "| steps | count | model total err | measured median |", "|---|---|---|---|"]
+              "| steps | count | model total err | with wake-up cost | measured median |",
+              "|---|---|---|---|---|"]
     for name in ("after_idle", "back_to_back"):
         g = idle[name]
         lines.append(f"| {name.replace('_', ' ')} | {g['num_steps']} | {_pct(g['total_rel_err'])}"
+                     f" | {_pct(g.get('with_wakeup_total_rel_err'))}"
                      f" | {1e3 * g['measured_median_s']:.3f} ms |")
     lines += ["", "## Which stage misses, and why", ""] + [f"- {n}" for n in res["diagnosis"]]
     if png is not None:

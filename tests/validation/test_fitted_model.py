@@ -279,3 +279,33 @@ def test_the_simulator_runs_with_a_fitted_model(tmp_path: Path) -> None:
     result = run_simulation(cfg)
     assert result.stats.num_requests == 20 and result.stats.num_rejected == 0
     assert result.stats.num_bulk_steps > 0  # the decode fast path was used
+
+
+def test_after_idle_report_adds_the_fitted_wakeup_cost() -> None:
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from engine.core.interfaces import StepTime
+    from experiments.validation_report import _wakeup_notes, after_idle_steps
+
+    # steps 0..3: step 2 starts 50 ms after step 1's outputs (idle), the others back to back;
+    # the step model says 4 ms; the idle step measured 7 ms, the others 4 ms
+    steps = pd.DataFrame({"step_id": [0, 1, 2, 3],
+                          "schedule_time_s": [0.0, 0.004, 0.058, 0.065],
+                          "update_time_s": [0.004, 0.008, 0.065, 0.069],
+                          "delivered_time_s": [0.004, 0.008, 0.065, 0.069]})
+    samples = [SimpleNamespace(step_id=i, shape=None, execute_time_s=t)
+               for i, t in enumerate([0.004, 0.004, 0.007, 0.004])]
+    model = SimpleNamespace(step_time=lambda shape: StepTime(0.004),
+                            frontend=FrontendCosts(wakeup=IdleWakeup(0.003, 0.01, 6)))
+    res = after_idle_steps(steps, samples, model)
+    a, b = res["after_idle"], res["back_to_back"]
+    assert (a["num_steps"], b["num_steps"]) == (1, 3)
+    assert a["total_rel_err"] == pytest.approx(-3 / 7)
+    assert a["with_wakeup_total_rel_err"] == pytest.approx(0.0)
+    assert b["with_wakeup_total_rel_err"] == pytest.approx(0.0)
+    assert "3.00 ms" in _wakeup_notes(res)[0] and "+0.0%" in _wakeup_notes(res)[0]
+    unmeasured = after_idle_steps(steps, samples, SimpleNamespace(
+        step_time=model.step_time, frontend=FrontendCosts()))
+    assert "no wake-up probe" in _wakeup_notes(unmeasured)[0]
