@@ -86,7 +86,7 @@ def build_steps(log: EventLog) -> pd.DataFrame:
             code = getattr(col, "typecode", "d")  # keep the log's compact types
             dtype = {"d": np.float64, "i": np.int32}.get(code, np.int64)
             data[name] = _copy_array(col, dtype)
-    steps = pd.DataFrame(data)
+    steps = pd.DataFrame(data, copy=False)  # fresh arrays: no consolidating copy
     if len(steps) and not steps["step_id"].is_monotonic_increasing:
         steps = steps.sort_values("step_id", kind="stable", ignore_index=True)
     delivered = log.delivered_columns()
@@ -105,7 +105,8 @@ def build_token_runs(log: EventLog) -> pd.DataFrame:
     count = _copy_array(runs["num_tokens"], np.int64)
     order = np.lexsort((first, req))
     return pd.DataFrame(
-        {"req_index": req[order], "first_step": first[order], "num_tokens": count[order]}
+        {"req_index": req[order], "first_step": first[order], "num_tokens": count[order]},
+        copy=False,
     )
 
 
@@ -151,7 +152,9 @@ def build_requests(log: EventLog, steps: pd.DataFrame, runs: pd.DataFrame) -> pd
     cols["last_token_delivered_s"] = tokens["last_token_delivered_s"]
     cols.update(_derived(cols, tokens["num_output_tokens"]))
     cols.update(segment_columns(cols, steps))
-    return pd.DataFrame(cols)
+    # the columns are fresh arrays: without copy=False pandas would consolidate the ~40 float
+    # columns into one 2-D block, a transient second copy of the table (≈0.3 GB at 1M requests)
+    return pd.DataFrame(cols, copy=False)
 
 
 def _derived(cols: dict[str, object], num_output: np.ndarray) -> dict[str, np.ndarray]:
