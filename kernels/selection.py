@@ -80,6 +80,11 @@ def next_power_of_2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
+def dot_size(n: int) -> int:
+    """``n`` padded to a size ``tl.dot`` accepts: a power of two, at least ``MIN_DOT_SIZE``."""
+    return max(MIN_DOT_SIZE, next_power_of_2(n))
+
+
 def cdiv(a: int, b: int) -> int:
     """Ceiling division of non-negative ints."""
     return -(-a // b)
@@ -133,7 +138,7 @@ def unified_tile_config(
     128-row tiles with 8 warps; a mixed batch dominated by decodes gets small tiles, so its decode
     rows do not waste tensor-core work on empty rows.
     """
-    group = max(MIN_DOT_SIZE, next_power_of_2(num_queries_per_kv))
+    group = dot_size(num_queries_per_kv)
     head_dim_padded = next_power_of_2(head_dim)
     cap = 128 if head_dim_padded <= 128 else 64
     rows = previous_power_of_2(min(max_query_len, mean_query_len) * num_queries_per_kv)
@@ -146,6 +151,6 @@ def unified_tile_config(
 
 def decode_tile_config(*, num_queries_per_kv: int, head_dim: int) -> TileConfig:
     """Tiles of the decode kernel: one GQA group per program, long KV tiles."""
-    block_m = max(MIN_DOT_SIZE, next_power_of_2(num_queries_per_kv))
+    block_m = dot_size(num_queries_per_kv)
     tile_size = 64 if next_power_of_2(head_dim) <= 128 else 32
     return TileConfig(block_m=block_m, tile_size=tile_size, num_warps=4, num_stages=2)

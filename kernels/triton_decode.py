@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.selection import TileConfig, decode_tile_config, next_power_of_2
+from kernels.selection import TileConfig, decode_tile_config, dot_size, next_power_of_2
 from kernels.triton_common import (
     LOG2_E,
     attend_kv_tile,
@@ -135,10 +135,6 @@ def _merge_splits_kernel(
     )
 
 
-def _head_dim_padded(dims: AttentionDims) -> int:
-    return max(16, next_power_of_2(dims.head_dim))
-
-
 def decode_meta(
     dims: AttentionDims, config: TileConfig, write_partial: bool, dot_type: tl.dtype
 ) -> dict[str, object]:
@@ -147,7 +143,7 @@ def decode_meta(
         "NUM_Q_HEADS": dims.num_q_heads,
         "Q_PER_KV": dims.num_queries_per_kv,
         "HEAD_DIM": dims.head_dim,
-        "HEAD_DIM_PADDED": _head_dim_padded(dims),
+        "HEAD_DIM_PADDED": dot_size(dims.head_dim),
         "BLOCK_SIZE": dims.block_size,
         "TILE_SIZE": config.tile_size,
         "BLOCK_H": config.block_m,
@@ -162,7 +158,7 @@ def merge_meta(dims: AttentionDims, num_splits: int) -> dict[str, object]:
     return {
         "NUM_Q_HEADS": dims.num_q_heads,
         "HEAD_DIM": dims.head_dim,
-        "HEAD_DIM_PADDED": _head_dim_padded(dims),
+        "HEAD_DIM_PADDED": dot_size(dims.head_dim),
         "SPLITS_PADDED": max(2, next_power_of_2(num_splits)),
     }
 
@@ -202,7 +198,7 @@ def decode_attention(
         )
     if dims.num_tokens == 0 or dims.num_seqs == 0:
         return out
-    head_dim_padded = _head_dim_padded(dims)
+    head_dim_padded = dot_size(dims.head_dim)
     write_partial = num_splits > 1
     scratch_rows = dims.num_seqs * dims.num_q_heads * num_splits if write_partial else 1
     partial_out = torch.empty(

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.selection import TileConfig, cdiv, next_power_of_2, unified_tile_config
+from kernels.selection import TileConfig, cdiv, dot_size, unified_tile_config
 from kernels.triton_common import (
     LOG2_E,
     attend_kv_tile,
@@ -102,7 +102,7 @@ def unified_meta(dims: AttentionDims, config: TileConfig, dot_type: tl.dtype) ->
     return {
         "Q_PER_KV": dims.num_queries_per_kv,
         "HEAD_DIM": dims.head_dim,
-        "HEAD_DIM_PADDED": max(16, next_power_of_2(dims.head_dim)),
+        "HEAD_DIM_PADDED": dot_size(dims.head_dim),
         "BLOCK_SIZE": dims.block_size,
         "TILE_SIZE": config.tile_size,
         "BLOCK_M": config.block_m,
