@@ -253,11 +253,10 @@ def frontend_rows(engine: Any, *, repeats: int = 7) -> list[Any]:
 def wakeup_rows(engine: Any, grid: Any) -> list[Any]:
     """The wake-up probe (``StepProfiler.measure_wakeup``): a lone prompt of up to 128 tokens
     (within the grid's limits) after each idle duration, and back to back."""
-    from engine.worker.profiler import WAKEUP_SHAPE, ShapeSpec, StepProfiler
+    from engine.worker.profiler import WAKEUP_QUERY_LEN, ShapeSpec, StepProfiler
 
-    (query_len, _), = WAKEUP_SHAPE.prefill_chunks
-    query_len = max(1, min(query_len, grid.max_num_batched_tokens, grid.max_model_len - 2))
-    spec = ShapeSpec("prefill", ((query_len, 0),), ())
+    query_len = min(WAKEUP_QUERY_LEN, grid.max_num_batched_tokens, grid.max_model_len - 2)
+    spec = ShapeSpec("prefill", ((max(1, query_len), 0),), ())
     return StepProfiler(engine.executor).measure_wakeup(spec, seed=grid.seed)
 
 

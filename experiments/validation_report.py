@@ -25,14 +25,20 @@ def _rel(sim: float, meas: float) -> float | None:
     return (sim - meas) / meas
 
 
-def step_time_errors(model: Any, samples: Sequence[Any],
-                     extra_s: Sequence[float] | None = None) -> dict[str, Any]:
-    """Predicted vs measured step time on the measured run's own shapes (``StepSample``s);
-    ``extra_s`` is added to the predictions (e.g. each step's wake-up cost)."""
-    pred = np.array([model.step_time(s.shape).total_s for s in samples])
-    if extra_s is not None and len(pred):
-        pred = pred + np.asarray(extra_s, dtype=np.float64)
-    meas = np.array([s.execute_time_s for s in samples])
+def step_time_errors(model: Any, samples: Sequence[Any]) -> dict[str, Any]:
+    """Predicted vs measured step time on the measured run's own shapes (``StepSample``s)."""
+    return _errors(_predicted(model, samples), _measured(samples))
+
+
+def _predicted(model: Any, samples: Sequence[Any]) -> np.ndarray:
+    return np.array([model.step_time(s.shape).total_s for s in samples], dtype=np.float64)
+
+
+def _measured(samples: Sequence[Any]) -> np.ndarray:
+    return np.array([s.execute_time_s for s in samples], dtype=np.float64)
+
+
+def _errors(pred: np.ndarray, meas: np.ndarray) -> dict[str, Any]:
     if not len(meas):
         return {"num_steps": 0, "median_abs_rel_err": None, "median_rel_err": None,
                 "total_rel_err": None}
@@ -63,14 +69,13 @@ def after_idle_steps(steps: Any, samples: Sequence[Any], model: Any,
                            "wakeup_measured": wake.num_rows > 0}
     for name, group in (("after_idle", [s for s in samples if s.step_id in idle_ids]),
                         ("back_to_back", [s for s in samples if s.step_id not in idle_ids])):
-        err = step_time_errors(model, group)
-        woken = step_time_errors(model, group, [fe.wakeup_s(gaps.get(s.step_id, 0.0))
-                                                if s.step_id in idle_ids else 0.0
-                                                for s in group])
+        pred, meas = _predicted(model, group), _measured(group)
+        err = _errors(pred, meas)
+        wakeup = [fe.wakeup_s(gaps[s.step_id]) for s in group] if name == "after_idle" else 0.0
         out[name] = {"num_steps": err["num_steps"], "total_rel_err": err["total_rel_err"],
                      "median_rel_err": err["median_rel_err"],
-                     "with_wakeup_total_rel_err": woken["total_rel_err"],
-                     "measured_median_s": _median([s.execute_time_s for s in group])}
+                     "with_wakeup_total_rel_err": _errors(pred + wakeup, meas)["total_rel_err"],
+                     "measured_median_s": _median(meas)}
     return out
 
 

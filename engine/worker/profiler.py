@@ -274,8 +274,9 @@ class ProfileGrid:
 #: Idle durations after which ``StepProfiler.measure_wakeup`` times a step (seconds).
 WAKEUP_IDLE_S: tuple[float, ...] = (0.002, 0.005, 0.01, 0.03, 0.1)
 
-#: The step timed after idling: one lone 128-token prompt, what an idle engine wakes up to.
-WAKEUP_SHAPE = ShapeSpec("prefill", ((128, 0),), ())
+#: The step timed after idling: one lone prompt of this many tokens, what an idle engine wakes
+#: up to.
+WAKEUP_QUERY_LEN = 128
 
 #: The speed probe: two fixed, small steps measured before and after every measured run and
 #: with every profile, so a change of the machine's speed between them shows (shared hosts).
