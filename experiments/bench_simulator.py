@@ -8,7 +8,8 @@
 
 Each case runs the CLI in a subprocess (so import time, the simulation and writing the run
 directory all count) and prints wall time, simulated requests and engine steps per wall second,
-the fraction of steps applied by the exact bulk decode path, and the child's peak RSS.
+the fraction of steps applied by the exact bulk decode path, the child's peak RSS, and how many
+modules ran compiled (``twinserve compile``; 0 = the Python sources).
 
 Usage: python experiments/bench_simulator.py [vidur-stream] [million] [--repeat N]
 """
@@ -65,6 +66,7 @@ def run_case(name: str) -> dict[str, float]:
         "sim_wall_s": stats["wall_time_s"],
         "simulated_s": stats["simulated_time_s"],
         "peak_rss_mb": peak_mb,
+        "compiled_modules": meta["compiled_modules"],
     }
 
 
@@ -74,14 +76,14 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1)
     args = parser.parse_args()
     print(f"{'case':<14} {'wall s':>7} {'sim-loop s':>10} {'req/s':>9} {'steps/s':>10} "
-          f"{'bulk':>5} {'steps':>9} {'simulated s':>12} {'peak RSS MB':>11}")
+          f"{'bulk':>5} {'steps':>9} {'simulated s':>12} {'peak RSS MB':>11} {'compiled':>8}")
     for name in args.cases:
         for _ in range(args.repeat):
             r = run_case(name)
             print(f"{name:<14} {r['wall_s']:>7.2f} {r['sim_wall_s']:>10.2f} "
                   f"{r['requests'] / r['wall_s']:>9.0f} {r['steps'] / r['wall_s']:>10.0f} "
                   f"{r['bulk_share']:>5.0%} {r['steps']:>9.0f} {r['simulated_s']:>12.0f} "
-                  f"{r['peak_rss_mb']:>11.0f}", flush=True)
+                  f"{r['peak_rss_mb']:>11.0f} {r['compiled_modules']:>8}", flush=True)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "experiments.cmd_sweep",
     "experiments.cmd_plan",
     "experiments.cmd_core",
+    "experiments.cmd_compile",
 )
 
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from engine.core.config import EngineConfig
 from engine.core.engine_core import EngineCore, RunTiming
 from engine.core.events import EventKind, EventLog
-from engine.core.fast_forward import AppliedRun
+from engine.core.fast_forward import AppliedRun, IterationShape
 from engine.core.interfaces import CostModel
 from engine.core.outputs import BatchShape, EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
 from engine.core.request import Request
@@ -182,7 +182,7 @@ class EngineReplica:
         updates: list[float] = []
         costs: list[float] = []
         tokens: list[int] = []  # tokens each applied step delivers
-        finishing: list[tuple[str, ...]] = []
+        shapes: list[IterationShape] = []
         t = now
         if run.is_async:
             prev = core.oldest_in_flight()
@@ -211,7 +211,7 @@ class EngineReplica:
                 costs.append(cost)
                 tokens.append(n)
             updates.append(update)
-            finishing.append(shape.finishing)
+            shapes.append(shape)
             t = update + c_update
             if shape.finishing and self.closed_loop:
                 # a freed client slot may send a request: stop at its delivery
@@ -222,7 +222,7 @@ class EngineReplica:
         if m < MIN_BULK_ITERATIONS:
             return None
         applied = core.apply_uniform_decode(
-            run, m, PLACEHOLDER_TOKEN_ID, RunTiming(sched_t, starts, ends, updates, costs)
+            run, m, PLACEHOLDER_TOKEN_ID, RunTiming(sched_t, starts, ends, updates, costs), shapes
         )
         if run.is_async:
             del self._pending[prev_id]
@@ -231,7 +231,7 @@ class EngineReplica:
             self._gpu_free_s = prev_end
         else:
             self._gpu_free_s = ends[-1]
-        self._record_bulk(applied, updates, tokens, finishing)
+        self._record_bulk(applied, updates, tokens)
         self.num_bulk_steps += m
         self.num_bulk_runs += 1
         return t
@@ -241,7 +241,6 @@ class EngineReplica:
         applied: AppliedRun,
         updates: list[float],
         tokens: list[int],
-        finishing: list[tuple[str, ...]],
     ) -> None:
         """Deliveries, finishes and router reports of a bulk-applied run."""
         sched = self.core.scheduler
@@ -257,10 +256,11 @@ class EngineReplica:
         delivered = self.out.plan([updates[j] for j in with_output], out_tokens)
         self.out.commit(delivered, out_tokens)
         step_ids = applied.applied_step_ids
+        shapes = applied.shapes
         log = self.log
         for j, d in zip(with_output, delivered, strict=True):
             log.record_delivery(step_ids[j], d)
-            for req_id in finishing[j]:
+            for req_id in shapes[j].finishing:
                 log.record(req_id, EventKind.DELIVERED, d)
                 self._on_request_done(req_id, d)
 

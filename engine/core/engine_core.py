@@ -14,13 +14,14 @@ finished) and one ``StepRecord`` per applied step.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from engine.core.config import EngineConfig
 from engine.core.events import EventKind, EventLog
 from engine.core.fast_forward import (
     AppliedRun,
+    IterationShape,
     UniformDecodeRun,
     apply_uniform_decode,
     find_uniform_decode_run,
@@ -146,10 +147,16 @@ class EngineCore:
         return find_uniform_decode_run(self, token_id)
 
     def apply_uniform_decode(
-        self, run: UniformDecodeRun, num_iterations: int, token_id: int, timing: RunTiming
+        self,
+        run: UniformDecodeRun,
+        num_iterations: int,
+        token_id: int,
+        timing: RunTiming,
+        shapes: Sequence[IterationShape] | None = None,
     ) -> AppliedRun:
         """Apply ``num_iterations`` iterations of ``run`` exactly as step-by-step execution
-        would, with every request sampling ``token_id``; records tokens and steps."""
+        would, with every request sampling ``token_id``; records tokens and steps.
+        ``shapes``: ``run.iteration_shapes()`` as far as the caller already computed them."""
         if any(len(v) != num_iterations for v in (
             timing.schedule_time_s, timing.execute_start_s, timing.execute_end_s,
             timing.update_time_s, timing.cost_s,
@@ -157,7 +164,7 @@ class EngineCore:
             raise ValueError("RunTiming lists must each hold num_iterations entries")
         num_free_before = self.scheduler.kv_cache_manager.get_num_free_blocks()
         previous = self._in_flight[0] if run.is_async else None
-        applied = apply_uniform_decode(self, run, num_iterations, token_id)
+        applied = apply_uniform_decode(self, run, num_iterations, token_id, shapes)
         if previous is not None:
             self._in_flight.popleft()
         if applied.last_scheduled is not None:
@@ -193,46 +200,46 @@ class EngineCore:
         usable = self.scheduler.kv_cache_manager.block_pool.num_gpu_blocks - 1
         # Shapes of the applied steps: the iterations' own schedules, shifted by one under
         # async scheduling, where the first applied step is the batch that was in flight.
-        shapes = applied.shapes
-        if previous is not None:
+        rest = applied.shapes if previous is None else applied.shapes[: k_total - 1]
+        n = [s.num_scheduled for s in rest]
+        zeros = [0] * len(rest)
+        columns: dict[str, Sequence[object]] = {
+            "num_reqs": n, "num_tokens": n, "num_prefill_reqs": zeros,
+            "num_prefill_tokens": zeros, "num_decode_reqs": n,
+            "decode_context_sum": [s.context_sum for s in rest],
+            "num_new_reqs": zeros, "num_resumed_reqs": zeros, "num_preempted_reqs": zeros,
+            "admission_blocker": [str(s.blocker) for s in rest],
+        }
+        if previous is None:
+            schedule_times = list(timing.schedule_time_s)
+        else:
             prev = previous.sched_out
             ps = prev.batch_shape
             schedule_times = [previous.schedule_time_s, *timing.schedule_time_s[:-1]]
-            first = (ps.num_reqs, ps.num_tokens, ps.num_prefill_reqs, ps.num_prefill_tokens,
-                     ps.num_decode_reqs, ps.decode_context_sum, len(prev.scheduled_new_reqs),
-                     len(prev.scheduled_cached_reqs.resumed_req_ids),
-                     len(prev.preempted_req_ids), str(prev.admission_blocker))
-            rest = shapes[:-1]
-        else:
-            schedule_times = list(timing.schedule_time_s)
-            first = None
-            rest = shapes
-        rows = [] if first is None else [first]
-        for s in rest[: k_total - len(rows)]:
-            n = s.num_scheduled
-            rows.append((n, n, 0, 0, n, s.context_sum, 0, 0, 0, str(s.blocker)))
-        cols = list(zip(*rows, strict=True))
+            first: dict[str, object] = {
+                "num_reqs": ps.num_reqs, "num_tokens": ps.num_tokens,
+                "num_prefill_reqs": ps.num_prefill_reqs,
+                "num_prefill_tokens": ps.num_prefill_tokens,
+                "num_decode_reqs": ps.num_decode_reqs,
+                "decode_context_sum": ps.decode_context_sum,
+                "num_new_reqs": len(prev.scheduled_new_reqs),
+                "num_resumed_reqs": len(prev.scheduled_cached_reqs.resumed_req_ids),
+                "num_preempted_reqs": len(prev.preempted_req_ids),
+                "admission_blocker": str(prev.admission_blocker),
+            }
+            columns = {name: [first[name], *values] for name, values in columns.items()}
         log.record_steps({
             "step_id": list(applied.applied_step_ids),
             "schedule_time_s": schedule_times,
             "execute_start_s": list(timing.execute_start_s),
             "execute_end_s": list(timing.execute_end_s),
             "update_time_s": list(updates),
-            "num_reqs": list(cols[0]),
-            "num_tokens": list(cols[1]),
-            "num_prefill_reqs": list(cols[2]),
-            "num_prefill_tokens": list(cols[3]),
-            "num_decode_reqs": list(cols[4]),
-            "decode_context_sum": list(cols[5]),
+            **columns,
             "num_sampled_tokens": list(applied.sampled_per_step),
-            "num_new_reqs": list(cols[6]),
-            "num_resumed_reqs": list(cols[7]),
-            "num_preempted_reqs": list(cols[8]),
             "num_finished_reqs": [len(f) for f in applied.finished_per_step],
             "num_running": list(applied.num_running_after),
             "num_waiting": [run.num_waiting] * k_total,
             "kv_usage": [1.0 - free / usable for free in applied.free_blocks_after],
-            "admission_blocker": list(cols[9]),
             "cost_s": list(timing.cost_s),
             "replica": [self.replica] * k_total,
         })

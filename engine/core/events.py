@@ -203,7 +203,11 @@ class EventLog:
         if set(columns) != set(STEP_COLUMNS) or len(lengths) != 1:
             raise ValueError("record_steps needs one equal-length list per StepRecord field")
         for name in STEP_COLUMNS:
-            cols[name].extend(columns[name])  # type: ignore[arg-type]
+            col, values = cols[name], columns[name]
+            if type(values) is list and type(col) is not list:
+                col.fromlist(values)  # type: ignore[union-attr]  # a typed array's fast path
+            else:
+                col.extend(values)  # type: ignore[arg-type]
 
     def record_delivery(self, step_id: int, time_s: float) -> None:
         """The outputs of ``step_id`` reached the client at ``time_s``."""

@@ -22,7 +22,7 @@ requests wait (a freed seat could admit one), nor past the last scheduled reques
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -241,15 +241,23 @@ class AppliedRun:
 
 
 def apply_uniform_decode(
-    core: EngineCore, run: UniformDecodeRun, num_iterations: int, token_id: int
+    core: EngineCore,
+    run: UniformDecodeRun,
+    num_iterations: int,
+    token_id: int,
+    shapes: Sequence[IterationShape] | None = None,
 ) -> AppliedRun:
     """Apply ``num_iterations`` (1..run.max_iterations) iterations of ``run`` to the scheduler.
 
+    ``shapes``, when the caller already walked ``run.iteration_shapes()``, are its first
+    ``num_iterations`` (or more) items, reused instead of computed again.
     Event records (token runs, first tokens, finishes, step records) are the caller's: see
     ``EngineCore.apply_uniform_decode``.
     """
     if not 1 <= num_iterations <= run.max_iterations:
         raise ValueError(f"num_iterations must be in [1, {run.max_iterations}]")
+    if shapes is not None and len(shapes) < num_iterations:
+        raise ValueError(f"{len(shapes)} shapes given for {num_iterations} iterations")
     sched = core.scheduler
     kv = sched.kv_cache_manager
     bs = sched.block_size
@@ -257,7 +265,9 @@ def apply_uniform_decode(
     d = 1 if run.is_async else 0
     requests = run.requests
     starts = [r.num_computed_tokens for r in requests]
-    shapes = list(_take(run.iteration_shapes(), k_total))
+    shapes = (
+        list(_take(run.iteration_shapes(), k_total)) if shapes is None else list(shapes[:k_total])
+    )
     finished_before = set(sched.finished_req_ids)  # shipped by the run's first schedule()
     # 1. Per-request tokens, counters and hashes (independent across requests).
     events: list[tuple[int, int, int, int, int]] = []  # (iteration, phase, request, kind, arg)

@@ -67,13 +67,19 @@ class TokenBlockHasher:
             hashes.append(parent)
 
 
+#: Bits of a generated block's index inside its int key (``PrecomputedBlockHasher``).
+_GEN_INDEX_BITS = 32
+
+
 class PrecomputedBlockHasher:
     """Prompt block keys given by the workload; generated blocks keyed uniquely per request.
 
     ``prompt_block_hashes[i]`` must identify the prefix ending at block ``i`` (as trace hash ids
     and the simulator's shared-prefix generator do). Keys past the prompt's full blocks are
-    ``(unique_id, block_index)`` tuples, so they can never collide with another request's blocks
-    as long as ``unique_id`` is unique among live requests and distinct from prompt keys.
+    unique per ``(unique_id, block_index)``, so they can never collide with another request's
+    blocks as long as ``unique_id`` is unique among live requests: a negative int when
+    ``unique_id`` is a non-negative int (cheap to hash: the simulator's case; prompt keys must
+    then not be negative ints), else the tuple ``("gen", unique_id, block_index)``.
     """
 
     __slots__ = ("block_size", "prompt_block_hashes", "unique_id")
@@ -96,6 +102,12 @@ class PrecomputedBlockHasher:
             hashes.extend(given[i : min(num_full, num_given)])
             i = len(hashes)
         uid = self.unique_id
+        if i >= num_full:
+            return
+        if type(uid) is int and uid >= 0:
+            base = -((uid + 1) << _GEN_INDEX_BITS)  # block index i < 2**32: keys never collide
+            hashes.extend(range(base + i, base + num_full))
+            return
         while i < num_full:
             hashes.append(("gen", uid, i))
             i += 1

@@ -572,6 +572,24 @@ def test_precomputed_block_hasher() -> None:
     assert request.block_hashes == ["k0", "k1", ("gen", "r7", 2), ("gen", "r7", 3)]
 
 
+def test_precomputed_block_hasher_int_ids_give_distinct_negative_int_keys() -> None:
+    """The simulator's int request indices key generated blocks by negative ints: distinct
+    across requests and block indices, and never equal to a prompt key."""
+    keys: list[object] = []
+    for uid in (0, 1, 7):
+        hasher = PrecomputedBlockHasher(4, [("pfx", 0, 0)], unique_id=uid)
+        request = Request(
+            str(uid), sampling_params=SamplingParams(), num_prompt_tokens=5, block_hasher=hasher
+        )
+        for _ in range(7):
+            request.append_output_token_id(0)
+        assert request.block_hashes[0] == ("pfx", 0, 0)
+        generated = request.block_hashes[1:]
+        assert len(generated) == 2 and all(type(k) is int and k < 0 for k in generated)
+        keys.extend(generated)
+    assert len(set(keys)) == len(keys) == 6
+
+
 _HASH_IN_SUBPROCESS = """
 import sys
 from engine.core.hashing import NONE_HASH, TokenBlockHasher

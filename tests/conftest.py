@@ -1,0 +1,31 @@
+"""Suite-wide guard: the tests check the Python sources unless asked to test compiled ones.
+
+Compiled modules (``twinserve compile``) shadow the ``.py`` files, and several tests patch
+methods of core classes, which compiled classes do not allow. ``tests/sim/test_compiled_core.py``
+checks a compiled build in a copy of the tree; run ``twinserve compile --clean`` before the
+suite, or set ``TWINSERVE_TEST_COMPILED=1`` to run tests against an in-tree compiled build.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from experiments.cmd_compile import HOT_MODULES, status
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get("TWINSERVE_TEST_COMPILED") == "1":
+        return
+    compiled = [m for m, state in status(ROOT, HOT_MODULES).items() if state != "python"]
+    if compiled:
+        pytest.exit(
+            f"{len(compiled)} core modules are compiled in this tree (twinserve compile): the "
+            "suite tests the Python sources. Run `twinserve compile --clean` first, or set "
+            "TWINSERVE_TEST_COMPILED=1 to test the compiled build.",
+            returncode=4,
+        )
