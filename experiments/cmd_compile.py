@@ -64,7 +64,10 @@ paths, jobs, build_dir = sys.argv[1].split(","), sys.argv[2], sys.argv[3]
 setup(
     name="twinserve-compiled",
     packages=[],
-    ext_modules=mypycify(paths, opt_level="3", multi_file=True, target_dir=build_dir),
+    # the shared runtime library goes inside engine/core (not at the top level, where only a
+    # process started in the repository root could import it)
+    ext_modules=mypycify(paths, opt_level="3", target_dir=build_dir,
+                         group_name="engine.core._native"),
     script_args=["build_ext", "--inplace", "--parallel", jobs,
                  "--build-temp", build_dir + "/temp", "--build-lib", build_dir + "/lib"],
 )

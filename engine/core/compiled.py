@@ -75,7 +75,9 @@ def loaded_compiled_modules() -> list[str]:
     """Names of the twinserve modules imported so far from compiled extensions."""
     out = []
     for name, module in list(sys.modules.items()):
-        if not name.startswith(("engine.", "sim.", "reports.", "experiments.")):
+        if not name.startswith(("engine.", "sim.", "reports.", "experiments.")) or (
+            name.endswith("__mypyc")  # mypyc's shared runtime library, not a module of ours
+        ):
             continue
         path = getattr(module, "__file__", None) or ""
         if path.endswith(tuple(EXTENSION_SUFFIXES)):

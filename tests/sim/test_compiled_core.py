@@ -50,9 +50,9 @@ def _env(root: Path) -> dict[str, str]:
     return env
 
 
-def _python(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _python(root: Path, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, *args], cwd=root, env=_env(root), capture_output=True, text=True
+        [sys.executable, *args], cwd=cwd or root, env=_env(root), capture_output=True, text=True
     )
 
 
@@ -72,11 +72,15 @@ def compiled_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def test_every_hot_module_is_imported_compiled(compiled_tree: Path) -> None:
+def test_every_hot_module_is_imported_compiled(compiled_tree: Path, tmp_path: Path) -> None:
+    # Installed (editable) runs have the packages, not the tree's root, on sys.path: every
+    # extension (incl. mypyc's shared runtime library) must live inside a package.
+    extensions = [p for p in compiled_tree.rglob("*.so") if "build" not in p.parts]
+    assert extensions and all((p.parent / "__init__.py").exists() for p in extensions)
     proc = _python(compiled_tree, "-c", (
         "import json, sim.runtime, engine.core.compiled as c; "
         "print(json.dumps(c.loaded_compiled_modules()))"
-    ))
+    ), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     expected = sorted(m.removesuffix(".py").replace("/", ".") for m in HOT_MODULES)
     assert json.loads(proc.stdout) == expected
