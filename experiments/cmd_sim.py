@@ -40,7 +40,6 @@ def default_out_dir(prefix: str = "simulate") -> Path:
 
 def run_meta(result: Any) -> dict[str, Any]:
     """config.json content of a simulated run: everything needed to rerun it."""
-    from engine.core.compiled import loaded_compiled_modules
     from experiments.provenance import provenance
 
     stats = result.stats
@@ -68,8 +67,6 @@ def run_meta(result: Any) -> dict[str, Any]:
         },
         "stats": {k: float(getattr(stats, k)) for k in stats.__dataclass_fields__},
         "reject_reasons": result.reject_reasons,
-        # modules that ran compiled (twinserve compile): speed only, never decisions
-        "compiled_modules": len(loaded_compiled_modules()),
         **provenance(),
     }
 

@@ -1,4 +1,5 @@
-"""Provenance stamped into every run directory: version, git commit, date, Python."""
+"""Provenance stamped into every run directory: version, git commit, date, Python, and how many
+modules ran compiled (``twinserve compile``: speed only, never decisions)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import subprocess
 from functools import cache
 from importlib import metadata
 from pathlib import Path
+
+from engine.core.compiled import loaded_compiled_modules
 
 
 @cache
@@ -27,7 +30,7 @@ def git_commit() -> str | None:
     return (sha + ("-dirty" if dirty else "")) or None
 
 
-def provenance() -> dict[str, str | None]:
+def provenance() -> dict[str, str | int | None]:
     try:
         version = metadata.version("twinserve")
     except metadata.PackageNotFoundError:
@@ -37,4 +40,5 @@ def provenance() -> dict[str, str | None]:
         "git_commit": git_commit(),
         "date": dt.datetime.now().strftime("%Y%m%d-%H%M%S"),
         "python": platform.python_version(),
+        "compiled_modules": len(loaded_compiled_modules()),
     }

@@ -1,20 +1,21 @@
 """Run metadata (``config.json``) and JSON that never chokes on numpy values.
 
-``meta`` is a plain dict saved as ``config.json`` next to the tables. The keys reports read:
+``meta`` is a plain dict saved as ``config.json`` next to the tables. Its keys:
 
-=================  ==========================================================================
-``kind``           "simulated" or "real"
-``config``         the run's full config dict (``SimConfig.to_dict()`` for simulated runs):
-                   ``model``, ``seed``, ``frontend.num_api_servers``, ``workload.*`` …
-``engine_config``  the resolved engine config (``max_num_batched_tokens``, KV blocks …)
-``workload``       request_rate, burstiness, max_concurrency, source (override ``config``)
-``stats``          run counters: ``api_server_busy_s``, ``output_processor_busy_s`` …
-``seed``           the run's seed
-``version``        twinserve's version
-``git_commit``     the source tree's commit (None if unknown)
-``label``          a name for comparisons (optional)
-``date``           ``YYYYmmdd-HHMMSS`` when the run was reported (set on first write)
-=================  ==========================================================================
+======================  ==========================================================================
+``kind``                "simulated" or "real"
+``config``              the run's full config dict (``SimConfig.to_dict()`` for simulated runs):
+                        ``model``, ``seed``, ``frontend.num_api_servers``, ``workload.*`` …
+``engine_config``       the resolved engine config (``max_num_batched_tokens``, KV blocks …)
+``workload``            request_rate, burstiness, max_concurrency, source (override ``config``)
+``stats``               run counters: ``api_server_busy_s``, ``output_processor_busy_s`` …
+``seed``                the run's seed
+``version``             twinserve's version
+``git_commit``          the source tree's commit (None if unknown)
+``compiled_modules``    how many modules ran compiled (``twinserve compile``; 0 = Python sources)
+``label``               a name for comparisons (optional)
+``date``                ``YYYYmmdd-HHMMSS`` when the run was reported (set on first write)
+======================  ==========================================================================
 
 ``sim_result_meta`` builds it from a simulator result by duck typing, so ``reports`` need not
 import ``sim``.
