@@ -2,11 +2,11 @@
 
 The scheduler core and the simulator's engine loop are plain, fully typed Python. mypyc (part
 of mypy, in the ``fast`` extra) compiles them unchanged into C extensions placed next to the
-sources, where imports pick them up: same decisions, same records, about twice the speed of
-the simulation loop (docs/simulator.md has the figures). It needs a C compiler and the Python
-headers. ``engine.core.compiled`` refuses to import a compiled module whose source has changed
-since it was built, so an edit can never be silently ignored; ``--clean`` removes everything
-this command wrote, ``--status`` lists what is compiled.
+sources, where imports pick them up: same decisions, same records, a 1.5–1.7× faster
+simulation loop (docs/simulator.md has the figures). It needs a C compiler and the Python
+headers. If a compiled module's source changes afterwards, ``engine.core.compiled`` runs the
+sources of the whole build instead (and says so), so an edit is never silently ignored;
+``--clean`` removes the build, ``--status`` lists what is compiled.
 
 Not compiled: configuration and validation code (``engine/core/config.py``,
 ``sampling_params.py``: their error messages rely on Python's own type checks), and everything
@@ -16,6 +16,7 @@ outside the per-step path (reports, experiments, the real worker).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -28,7 +29,13 @@ from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 from typing import Any
 
-from engine.core.compiled import MANIFEST_NAME, source_digest, stale_modules
+from engine.core.compiled import (
+    PACKAGES,
+    compiled_on_disk,
+    manifest_path,
+    source_digest,
+    stale_modules,
+)
 from engine.core.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,10 +81,6 @@ setup(
 """
 
 
-def _package_dirs(root: Path, modules: Sequence[str]) -> list[Path]:
-    return sorted({(root / m).parent for m in modules})
-
-
 def missing_toolchain() -> str | None:
     """Why compiling cannot work on this machine (None if it can)."""
     try:
@@ -93,19 +96,32 @@ def missing_toolchain() -> str | None:
     return None
 
 
-def clean(root: Path = ROOT, modules: Sequence[str] = HOT_MODULES) -> list[Path]:
-    """Remove compiled extensions, manifests and the mypyc runtime library; returns them."""
+def _module_name(path: str) -> str:
+    return path.removesuffix(".py").replace("/", ".")
+
+
+def clean(root: Path = ROOT, packages: Sequence[str] = PACKAGES) -> list[Path]:
+    """Remove the compiled extensions (incl. mypyc's runtime library), the manifest and the
+    build directory; returns the files removed. (mypy's cache ``.mypy_cache``, which the build
+    shares with ``make lint``, stays.)"""
     removed: list[Path] = []
-    for d in _package_dirs(root, modules):
-        for f in sorted(d.iterdir()):
-            if f.name == MANIFEST_NAME or f.name.endswith(tuple(EXTENSION_SUFFIXES)):
+    for pkg in packages:
+        d = root / pkg
+        for f in sorted(d.iterdir()) if d.is_dir() else []:
+            if f.suffix in (".so", ".pyd"):  # any interpreter's build (no other extensions here)
                 f.unlink()
                 removed.append(f)
-    for f in sorted(root.glob("*__mypyc*")):
+    manifest = Path(manifest_path(str(root)))
+    if manifest.exists():
+        manifest.unlink()
+        removed.append(manifest)
+    for f in sorted(root.glob("*__mypyc*")):  # where early builds put the runtime library
         if f.name.endswith(tuple(EXTENSION_SUFFIXES)):
             f.unlink()
             removed.append(f)
     shutil.rmtree(root / BUILD_DIR, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        (root / BUILD_DIR).parent.rmdir()  # build/, if nothing else is in it
     return removed
 
 
@@ -115,12 +131,17 @@ def compile_modules(
     """Build ``modules`` in place under ``root``; returns the build's wall time in seconds.
 
     Raises ``UserError`` when the toolchain is missing or the build fails (with its output's
-    tail). On success every package holding a compiled module gets its manifest.
+    tail; nothing is left installed). The manifest holds the sources' digests as they were
+    when the build *started*, so a file edited during the build counts as stale.
     """
     why = missing_toolchain()
     if why is not None:
         raise UserError(f"cannot compile: {why}; the Python sources keep working unchanged")
-    clean(root, modules)
+    outside = [m for m in modules if str(Path(m).parent) not in PACKAGES]
+    if outside:
+        raise UserError(f"cannot compile {outside}: only modules of {PACKAGES} may be compiled")
+    clean(root)
+    digests = {_module_name(m): source_digest(str(root / m)) for m in modules}
     jobs = jobs or os.cpu_count() or 1
     start = time.perf_counter()
     proc = subprocess.run(
@@ -128,32 +149,24 @@ def compile_modules(
         cwd=root, capture_output=True, text=True,
     )
     if proc.returncode != 0:
-        clean(root, modules)
+        clean(root)
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
         raise UserError(f"mypyc build failed (nothing was installed):\n{tail}")
-    for d in _package_dirs(root, modules):
-        manifest = {
-            Path(m).stem: source_digest(str(root / m))
-            for m in modules if (root / m).parent == d
-        }
-        (d / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    Path(manifest_path(str(root))).write_text(json.dumps(digests, indent=1, sort_keys=True) + "\n")
     return time.perf_counter() - start
 
 
-def status(root: Path = ROOT, modules: Sequence[str] = HOT_MODULES) -> dict[str, str]:
-    """{module path: "compiled" | "stale" | "python"} for each hot module."""
+def status(
+    root: Path = ROOT, modules: Sequence[str] = HOT_MODULES, packages: Sequence[str] = PACKAGES
+) -> dict[str, str]:
+    """{module path: "compiled" | "stale" | "python"} for each hot module, for this
+    interpreter. Any "stale" one means the whole build runs from the sources."""
+    on_disk = compiled_on_disk(str(root), packages)
+    stale = set(stale_modules(str(root), packages))
     out: dict[str, str] = {}
-    for d in _package_dirs(root, modules):
-        stale = set(stale_modules(str(d)))
-        present = {
-            f.name.split(".", 1)[0] for f in d.iterdir()
-            if f.name.endswith(tuple(EXTENSION_SUFFIXES))
-        }
-        for m in modules:
-            if (root / m).parent != d:
-                continue
-            stem = Path(m).stem
-            out[m] = "stale" if stem in stale else "compiled" if stem in present else "python"
+    for m in modules:
+        name = _module_name(m)
+        out[m] = "stale" if name in stale else "compiled" if name in on_disk else "python"
     return out
 
 
@@ -163,8 +176,12 @@ def _run(args: argparse.Namespace) -> int:
         print(f"removed {len(removed)} compiled file(s); the Python sources are used")
         return 0
     if args.status:
-        for module, state in status().items():
+        states = status()
+        for module, state in states.items():
             print(f"{state:<9} {module}")
+        if "stale" in states.values():
+            print("stale modules: the Python sources of every module run until "
+                  "`twinserve compile` rebuilds (or `--clean` removes) the build")
         return 0
     print(f"compiling {len(HOT_MODULES)} modules with mypyc (about a minute on two cores)...",
           flush=True)
@@ -176,7 +193,7 @@ def _run(args: argparse.Namespace) -> int:
 def register(sub: Any) -> None:
     p = sub.add_parser(
         "compile",
-        help="build the simulator's hot modules with mypyc (optional, ~2x faster simulation)",
+        help="build the simulator's hot modules with mypyc (optional, 1.5-1.7x faster loop)",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -9,22 +9,20 @@ suite, or set ``TWINSERVE_TEST_COMPILED=1`` to run tests against an in-tree comp
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
-
-from experiments.cmd_compile import HOT_MODULES, status
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def pytest_configure(config: pytest.Config) -> None:
     if os.environ.get("TWINSERVE_TEST_COMPILED") == "1":
         return
-    compiled = [m for m, state in status(ROOT, HOT_MODULES).items() if state != "python"]
+    import sim.runtime  # noqa: F401  (imports every compiled module, if any is in use)
+    from engine.core.compiled import loaded_compiled_modules
+
+    compiled = loaded_compiled_modules()
     if compiled:
         pytest.exit(
-            f"{len(compiled)} core modules are compiled in this tree (twinserve compile): the "
+            f"{len(compiled)} core modules run compiled in this tree (twinserve compile): the "
             "suite tests the Python sources. Run `twinserve compile --clean` first, or set "
             "TWINSERVE_TEST_COMPILED=1 to test the compiled build.",
             returncode=4,

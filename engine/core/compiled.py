@@ -1,12 +1,17 @@
-"""Which core modules run compiled, and a guard against compiled modules that no longer match
-their sources.
+"""Which core modules run compiled, and a guard that never lets a stale compiled module run.
 
 ``twinserve compile`` (``experiments/cmd_compile.py``) builds the simulator's hot modules with
 mypyc into C extensions placed next to their ``.py`` files, where Python's import system prefers
-them, and writes a manifest (``_compiled.json``) of the sources' SHA-256 in each package it
-touched. A package whose ``__init__`` calls ``check_compiled_package(__file__)`` refuses to
-import if a compiled module of it was built from a different source than the ``.py`` beside it
-(an edit, a checkout, a pull): running stale machine code would silently ignore the change.
+them, and writes one manifest (``engine/core/_compiled.json``: module name → SHA-256 of the
+source it was built from). The modules form one build: compiled modules call each other's
+native code directly, so they are used all together or not at all.
+
+``check_compiled_build`` runs when ``engine.core`` is first imported (before any of the
+modules, since ``sim``'s packages import ``engine.core`` first). If any compiled module's
+source differs from the manifest (an edit, a checkout, an interrupted build), it installs an
+import finder that loads the ``.py`` sources of *every* compiled module and says so once on
+stderr: an edit is never silently ignored, every command keeps working (slower), and
+``twinserve compile`` / ``--clean`` can repair the tree.
 
 Compiled and interpreted modules make the same decisions and write the same records (the
 compiled-core test checks a simulation both ways); only speed differs.
@@ -15,13 +20,23 @@ compiled-core test checks a simulation both ways); only speed differs.
 from __future__ import annotations
 
 import hashlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import json
 import os
 import sys
+from collections.abc import Sequence
 from importlib.machinery import EXTENSION_SUFFIXES
+from types import ModuleType
 
-#: The manifest each package with compiled modules carries: {module stem: sha256 of its .py}.
+#: Packages (relative to the tree's root) that may hold compiled modules.
+PACKAGES: tuple[str, ...] = ("engine/core", "sim", "sim/cost")
+
+#: The build's manifest, in ``engine/core``: {module name: sha256 of its source}.
 MANIFEST_NAME = "_compiled.json"
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def source_digest(path: str) -> str:
@@ -29,8 +44,13 @@ def source_digest(path: str) -> str:
         return hashlib.sha256(f.read()).hexdigest()
 
 
+def manifest_path(root: str = ROOT) -> str:
+    return os.path.join(root, "engine", "core", MANIFEST_NAME)
+
+
 def compiled_stems(package_dir: str) -> list[str]:
-    """Module names (file stems) that have a compiled extension in ``package_dir``."""
+    """Module names (file stems) with an extension *for this interpreter* in ``package_dir``
+    and a ``.py`` source beside it (mypyc's runtime library has none)."""
     stems = []
     for name in os.listdir(package_dir):
         for suffix in EXTENSION_SUFFIXES:
@@ -42,33 +62,61 @@ def compiled_stems(package_dir: str) -> list[str]:
     return sorted(stems)
 
 
-def stale_modules(package_dir: str) -> list[str]:
-    """Compiled modules of ``package_dir`` whose source differs from the one they were built
-    from (or that no manifest vouches for)."""
-    stems = compiled_stems(package_dir)
-    if not stems:
+def compiled_on_disk(root: str = ROOT, packages: Sequence[str] = PACKAGES) -> dict[str, str]:
+    """{module name: path of its source} for every module compiled for this interpreter."""
+    out = {}
+    for pkg in packages:
+        d = os.path.join(root, pkg)
+        if os.path.isdir(d):
+            for stem in compiled_stems(d):
+                out[pkg.replace("/", ".") + "." + stem] = os.path.join(d, stem + ".py")
+    return out
+
+
+def stale_modules(root: str = ROOT, packages: Sequence[str] = PACKAGES) -> list[str]:
+    """Compiled modules whose source differs from the one the manifest says they were built
+    from (or that the manifest does not list)."""
+    on_disk = compiled_on_disk(root, packages)
+    if not on_disk:
         return []
     try:
-        with open(os.path.join(package_dir, MANIFEST_NAME)) as f:
+        with open(manifest_path(root)) as f:
             manifest = json.load(f)
     except (OSError, ValueError):
         manifest = {}
-    return [
-        s for s in stems
-        if manifest.get(s) != source_digest(os.path.join(package_dir, s + ".py"))
-    ]
+    return sorted(n for n, path in on_disk.items() if manifest.get(n) != source_digest(path))
 
 
-def check_compiled_package(package_init: str) -> None:
-    """Raise ImportError if a compiled module of this package is stale (see module doc)."""
-    package_dir = os.path.dirname(os.path.abspath(package_init))
-    stale = stale_modules(package_dir)
-    if stale:
-        names = ", ".join(s + ".py" for s in stale)
-        raise ImportError(
-            f"{names} in {package_dir} changed since compiled by `twinserve compile`: run "
-            "`twinserve compile` again, or `twinserve compile --clean` to run the Python sources"
+class _SourcesFirst(importlib.abc.MetaPathFinder):
+    """Imports the listed modules from their ``.py`` sources, ignoring compiled extensions."""
+
+    def __init__(self, sources: dict[str, str]) -> None:
+        self.sources = sources
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        source = self.sources.get(fullname)
+        if source is None:
+            return None
+        return importlib.util.spec_from_file_location(fullname, source)
+
+
+def check_compiled_build(root: str = ROOT, packages: Sequence[str] = PACKAGES) -> list[str]:
+    """If any compiled module is stale, run the sources of all of them (see module doc).
+
+    Returns the stale modules (empty: the build is fresh, or there is none).
+    """
+    stale = stale_modules(root, packages)
+    if stale and not any(isinstance(f, _SourcesFirst) for f in sys.meta_path):
+        sys.meta_path.insert(0, _SourcesFirst(compiled_on_disk(root, packages)))
+        names = ", ".join(n.replace(".", "/") + ".py" for n in stale)
+        sys.stderr.write(
+            f"twinserve: {names} changed after the last `twinserve compile`: running the Python "
+            "sources of every compiled module (slower). Rebuild with `twinserve compile`, or "
+            "remove the build with `twinserve compile --clean`.\n"
         )
+    return stale
 
 
 def loaded_compiled_modules() -> list[str]:

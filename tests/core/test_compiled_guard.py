@@ -1,69 +1,109 @@
-"""The stale-build guard of ``engine.core.compiled`` and ``twinserve compile --status/--clean``
-on a fake tree (no compiler needed: the extension files are never imported here)."""
+"""The compiled-build guard of ``engine.core.compiled`` and ``twinserve compile --status/--clean``
+on a fake tree (no compiler needed: the fake extension files are never loaded)."""
 
 from __future__ import annotations
 
+import importlib
 import json
+import sys
+from collections.abc import Iterator
 from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 
 import pytest
 
+from engine.core import compiled
 from engine.core.compiled import (
-    MANIFEST_NAME,
-    check_compiled_package,
-    compiled_stems,
+    check_compiled_build,
+    compiled_on_disk,
+    manifest_path,
     source_digest,
     stale_modules,
 )
-from experiments.cmd_compile import clean, status
+from experiments.cmd_compile import HOT_MODULES, clean, status
 
 EXT = EXTENSION_SUFFIXES[0]
 
 
-def _package(tmp_path: Path, *, compiled: tuple[str, ...], vouched: tuple[str, ...]) -> Path:
-    pkg = tmp_path / "pkg"
+def _tree(tmp_path: Path, *, vouched: tuple[str, ...]) -> Path:
+    """A tree with package ``fakepkg`` (modules fast, slow: both "compiled") beside an
+    ``engine/core`` holding the manifest, which vouches for ``vouched``."""
+    pkg = tmp_path / "fakepkg"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     for stem in ("fast", "slow"):
         (pkg / f"{stem}.py").write_text(f"X = {stem!r}\n")
-    for stem in compiled:
-        (pkg / f"{stem}{EXT}").write_bytes(b"not really an extension")
+        (pkg / f"{stem}{EXT}").write_bytes(b"not an extension: importing it would fail")
     (pkg / f"_runtime__mypyc{EXT}").write_bytes(b"no .py beside it: not a module of ours")
-    manifest = {s: source_digest(str(pkg / f"{s}.py")) for s in vouched}
-    (pkg / MANIFEST_NAME).write_text(json.dumps(manifest))
-    return pkg
+    (tmp_path / "engine" / "core").mkdir(parents=True)
+    manifest = {f"fakepkg.{s}": source_digest(str(pkg / f"{s}.py")) for s in vouched}
+    Path(manifest_path(str(tmp_path))).write_text(json.dumps(manifest))
+    return tmp_path
 
 
-def test_fresh_compiled_modules_pass(tmp_path: Path) -> None:
-    pkg = _package(tmp_path, compiled=("fast",), vouched=("fast",))
-    assert compiled_stems(str(pkg)) == ["fast"]
-    assert stale_modules(str(pkg)) == []
-    check_compiled_package(str(pkg / "__init__.py"))
+@pytest.fixture
+def clean_imports() -> Iterator[None]:
+    meta_path = list(sys.meta_path)
+    yield
+    sys.meta_path[:] = meta_path
+    for name in [n for n in sys.modules if n == "fakepkg" or n.startswith("fakepkg.")]:
+        del sys.modules[name]
 
 
-def test_edited_source_makes_its_package_refuse_to_import(tmp_path: Path) -> None:
-    pkg = _package(tmp_path, compiled=("fast", "slow"), vouched=("fast", "slow"))
-    (pkg / "slow.py").write_text("X = 'edited'\n")
-    assert stale_modules(str(pkg)) == ["slow"]
-    with pytest.raises(ImportError, match=r"slow\.py in .* changed since compiled.*--clean"):
-        check_compiled_package(str(pkg / "__init__.py"))
+def test_fresh_build_is_left_alone(tmp_path: Path) -> None:
+    root = _tree(tmp_path, vouched=("fast", "slow"))
+    assert sorted(compiled_on_disk(str(root), ("fakepkg",))) == ["fakepkg.fast", "fakepkg.slow"]
+    assert stale_modules(str(root), ("fakepkg",)) == []
+    before = list(sys.meta_path)
+    assert check_compiled_build(str(root), ("fakepkg",)) == []
+    assert sys.meta_path == before
 
 
-def test_compiled_module_without_a_manifest_entry_is_stale(tmp_path: Path) -> None:
-    pkg = _package(tmp_path, compiled=("fast", "slow"), vouched=("fast",))
-    assert stale_modules(str(pkg)) == ["slow"]
-    (pkg / MANIFEST_NAME).write_text("{not json")
-    assert stale_modules(str(pkg)) == ["fast", "slow"]
+def test_unvouched_or_edited_modules_are_stale(tmp_path: Path) -> None:
+    root = _tree(tmp_path, vouched=("fast",))
+    assert stale_modules(str(root), ("fakepkg",)) == ["fakepkg.slow"]
+    (root / "fakepkg" / "fast.py").write_text("X = 'edited'\n")
+    assert stale_modules(str(root), ("fakepkg",)) == ["fakepkg.fast", "fakepkg.slow"]
+    Path(manifest_path(str(root))).write_text("{not json")
+    assert stale_modules(str(root), ("fakepkg",)) == ["fakepkg.fast", "fakepkg.slow"]
+
+
+def test_stale_build_runs_the_sources_of_every_module_and_says_so(
+    tmp_path: Path, clean_imports: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = _tree(tmp_path, vouched=("fast", "slow"))
+    (root / "fakepkg" / "slow.py").write_text("X = 'edited'\n")
+    assert check_compiled_build(str(root), ("fakepkg",)) == ["fakepkg.slow"]
+    err = capsys.readouterr().err
+    assert "fakepkg/slow.py changed after the last `twinserve compile`" in err
+    assert "twinserve compile --clean" in err
+    sys.path.insert(0, str(root))
+    try:
+        # the fresh one too: compiled modules of one build call each other natively
+        assert importlib.import_module("fakepkg.fast").X == "fast"
+        assert importlib.import_module("fakepkg.slow").X == "edited"
+    finally:
+        sys.path.remove(str(root))
+    assert check_compiled_build(str(root), ("fakepkg",)) == ["fakepkg.slow"]
+    assert capsys.readouterr().err == ""  # one finder, one message per process
 
 
 def test_status_and_clean(tmp_path: Path) -> None:
-    pkg = _package(tmp_path, compiled=("fast", "slow"), vouched=("fast",))
-    modules = ("pkg/fast.py", "pkg/slow.py", "pkg/__init__.py")
-    assert status(tmp_path, modules) == {
-        "pkg/fast.py": "compiled", "pkg/slow.py": "stale", "pkg/__init__.py": "python",
+    root = _tree(tmp_path, vouched=("fast",))
+    modules, packages = ("fakepkg/fast.py", "fakepkg/slow.py", "fakepkg/__init__.py"), ("fakepkg",)
+    assert status(root, modules, packages) == {
+        "fakepkg/fast.py": "compiled", "fakepkg/slow.py": "stale",
+        "fakepkg/__init__.py": "python",
     }
-    removed = {p.name for p in clean(tmp_path, modules)}
-    assert removed == {f"fast{EXT}", f"slow{EXT}", f"_runtime__mypyc{EXT}", MANIFEST_NAME}
-    assert sorted(p.name for p in pkg.iterdir()) == ["__init__.py", "fast.py", "slow.py"]
-    assert set(status(tmp_path, modules).values()) == {"python"}
+    (root / "build" / "mypyc").mkdir(parents=True)
+    removed = {p.name for p in clean(root, packages)}
+    assert removed == {f"fast{EXT}", f"slow{EXT}", f"_runtime__mypyc{EXT}", "_compiled.json"}
+    assert sorted(p.name for p in (root / "fakepkg").iterdir()) == [
+        "__init__.py", "fast.py", "slow.py"
+    ]
+    assert not (root / "build").exists()
+    assert set(status(root, modules, packages).values()) == {"python"}
+
+
+def test_hot_modules_lie_in_the_guarded_packages() -> None:
+    assert {str(Path(m).parent) for m in HOT_MODULES} <= set(compiled.PACKAGES)
