@@ -45,7 +45,7 @@ fast: $(STAMP_FAST)
 
 clean-compiled:
 	find engine sim -name '*.so' -delete -o -name _compiled.json -delete
-	rm -rf build/mypyc *__mypyc*.so
+	rm -rf build/mypyc
 
 clean: clean-compiled
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -25,7 +25,6 @@ import sys
 import sysconfig
 import time
 from collections.abc import Sequence
-from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 from typing import Any
 
@@ -115,10 +114,6 @@ def clean(root: Path = ROOT, packages: Sequence[str] = PACKAGES) -> list[Path]:
     if manifest.exists():
         manifest.unlink()
         removed.append(manifest)
-    for f in sorted(root.glob("*__mypyc*")):  # where early builds put the runtime library
-        if f.name.endswith(tuple(EXTENSION_SUFFIXES)):
-            f.unlink()
-            removed.append(f)
     shutil.rmtree(root / BUILD_DIR, ignore_errors=True)
     with contextlib.suppress(OSError):
         (root / BUILD_DIR).parent.rmdir()  # build/, if nothing else is in it

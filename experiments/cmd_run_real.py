@@ -13,19 +13,24 @@ from experiments.cmd_sim import add_report_flags, default_out_dir
 from experiments.simconfig_cli import add_workload_flags, workload_dict_from_args
 
 
+def engine_config_dict(engine_config: Any) -> dict[str, dict[str, Any]]:
+    """An ``EngineConfig`` as config.json keeps it: {"scheduler": {...}, "cache": {...}}."""
+    sched, cache = engine_config.scheduler, engine_config.cache
+    return {
+        "scheduler": {k: getattr(sched, k) for k in sched.__dataclass_fields__},
+        "cache": {k: getattr(cache, k) for k in cache.__dataclass_fields__},
+    }
+
+
 def real_meta(engine: Any, workload: Any, result: Any, wall_s: float) -> dict[str, Any]:
     """config.json content of a measured run."""
     from experiments.provenance import provenance
 
-    e = engine.engine_config
     return {
         "kind": "real",
         "config": {"engine_args": {k: getattr(engine.args, k)
                                    for k in engine.args.__dataclass_fields__}},
-        "engine_config": {
-            "scheduler": {k: getattr(e.scheduler, k) for k in e.scheduler.__dataclass_fields__},
-            "cache": {k: getattr(e.cache, k) for k in e.cache.__dataclass_fields__},
-        },
+        "engine_config": engine_config_dict(engine.engine_config),
         "model_id": str(engine.args.model),
         "device": str(engine.executor.device),
         "attention_backend": engine.executor.attention_backend,

@@ -10,7 +10,6 @@ sub-directory per load and a summary table at the top. The report itself is writ
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from collections.abc import Sequence
@@ -77,6 +76,7 @@ def _workload_config(args: argparse.Namespace, rate: float | None) -> Any:
 
 def _validate(args: argparse.Namespace) -> int:
     from experiments import validate as v
+    from experiments.cmd_run_real import engine_config_dict
     from sim.workload import build_workload
 
     out = Path(args.out)
@@ -87,8 +87,9 @@ def _validate(args: argparse.Namespace) -> int:
     engine_args = _engine_args(args)
     profile = Path(args.profile) if args.profile else out / "profile.csv"
     files = v.ProfileFiles.of(profile)
+    workload_cfg = _workload_config(args, None)
     if not files.csv.exists():
-        w = build_workload(_workload_config(args, None))
+        w = build_workload(workload_cfg)
         calib = v.CalibrationSpec(input_len=round(float(np.mean(w.prompt_lens))),
                                   output_len=round(float(np.mean(w.output_lens))))
         v.profile_engine(engine_args, files.csv, grid=args.grid, calibration=calib, log=_log)
@@ -96,13 +97,12 @@ def _validate(args: argparse.Namespace) -> int:
         v.fit_profile(files.csv)
     model = v.FittedCostModel.load(files.fitted)
     engine = engine_args.build()
-    e = engine.engine_config
-    econf = {"scheduler": dataclasses.asdict(e.scheduler), "cache": dataclasses.asdict(e.cache)}
-    model_capacity = v.capacity_rps(model, build_workload(_workload_config(args, None)), econf,
+    model_capacity = v.capacity_rps(model, build_workload(workload_cfg),
+                                    engine_config_dict(engine.engine_config),
                                     mode=args.frontend_mapping)
     capacity = model_capacity
     if args.capacity == "measured":
-        capacity = v.measure_capacity_rps(engine, _workload_config(args, None))
+        capacity = v.measure_capacity_rps(engine, workload_cfg)
     _log(f"capacity: measured {capacity:.1f} req/s, the fitted model's estimate "
          f"{model_capacity:.1f} req/s" if args.capacity == "measured" else
          f"capacity: the fitted model's estimate {capacity:.1f} req/s")
@@ -186,6 +186,7 @@ def _summary(results: dict[str, dict[str, Any]], out: Path, capacity: float | No
     from reports.meta import write_json
 
     table = error_table(results)
+    fixed = error_table(results, "speed_corrected")
     if len(results) > 1:
         write_json(out / "validation_summary.json", {"capacity_rps": capacity, "loads": results})
         notes = [f"- **{load}**: " + " ".join(r["diagnosis"]) for load, r in results.items()]
@@ -194,12 +195,10 @@ def _summary(results: dict[str, dict[str, Any]], out: Path, capacity: float | No
                 f"Capacity the loads refer to: {cap} {capacity_source}".rstrip(),
                 "", "rel err = (simulated − measured) / measured; in parentheses the run-to-run "
                 "difference of two measured runs (the noise floor).", ""]
-        fixed = error_table(results, "speed_corrected")
         extra = (["", "With the cost model scaled by each run's speed drift:", "", *fixed]
                  if len(fixed) > 2 else [])
         body = [*head, *table, *extra, "", "## Which stage misses, and why", "", *notes]
         (out / "validation.md").write_text("\n".join(body) + "\n")
-    fixed = error_table(results, "speed_corrected")
     if len(fixed) > 2:
         print("\nscaled by each run's speed drift:\n" + "\n".join(fixed))
     print("\n".join(table))

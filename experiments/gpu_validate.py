@@ -118,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from experiments import validate as v
+    from experiments.cmd_run_real import engine_config_dict
     from experiments.validation_report import step_time_errors
     from sim.cost.fitted import FittedCostModel
     from sim.workload import WorkloadConfig, build_workload
@@ -143,10 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         engine = eargs.build()
-        e = engine.engine_config
-        econf = {"scheduler": dataclasses.asdict(e.scheduler),
-                 "cache": dataclasses.asdict(e.cache)}
-        model_capacity = v.capacity_rps(model, build_workload(base), econf)
+        model_capacity = v.capacity_rps(model, build_workload(base),
+                                        engine_config_dict(engine.engine_config))
         capacity = v.measure_capacity_rps(engine, base)
         print(f"capacity: measured {capacity:.2f} req/s, fitted model {model_capacity:.2f}",
               file=sys.stderr)
@@ -169,15 +168,13 @@ def main(argv: list[str] | None = None) -> int:
         engine.executor.shutdown()
     print(f"fit (held-out rows): {json.dumps(model.fit_report.get('holdout'))}")
     print(f"done in {time.perf_counter() - t0:.0f} s; files in {out}")
-    table = measured_table(rows)
+    print(measured_table(rows))
     if not args.no_simulate and _simulator_available():
         from experiments.cmd_validate import main as validate
 
-        print(table)
         print("\nsimulated vs measured (rel err):")
         return validate(["validate", "--reuse-measured", str(out), "--out", str(out / "validation"),
                     "--no-plots"])
-    print(table)
     return 0
 
 

@@ -156,7 +156,6 @@ def profile_engine(
     log("calibrating the engine loop on real runs …")
     logs = []
     for w in calibration.workload_configs(the_grid.max_num_seqs):
-        fresh_core(engine)
         engine.executor.step_timings.clear()
         logs.append(run_real(engine, build_workload(w), seed=w.seed).event_log)
         rows += in_loop_rows(engine.executor.step_timings[-logs[-1].num_steps:])
@@ -260,6 +259,13 @@ def wakeup_rows(engine: Any, grid: Any) -> list[Any]:
     return StepProfiler(engine.executor).measure_wakeup(spec, seed=grid.seed)
 
 
+def step_kind(shape: BatchShape) -> str:
+    """"decode", "prefill" or "mixed": what a step's batch holds."""
+    if not shape.prefill_query_lens:
+        return "decode"
+    return "prefill" if not shape.num_decode_reqs else "mixed"
+
+
 def in_loop_rows(timings: Sequence[Any]) -> list[Any]:
     """Step rows named ``in_loop``: every step a calibration run executed, with its measured
     time — the model step as it runs inside the real loop (caches shared with the scheduler
@@ -270,9 +276,7 @@ def in_loop_rows(timings: Sequence[Any]) -> list[Any]:
     for t in timings:
         s = t.batch_shape
         if s.num_tokens:
-            kind = ("decode" if not s.prefill_query_lens else
-                    "prefill" if not s.num_decode_reqs else "mixed")
-            rows.append(ProfileRow(kind, "in_loop", s, s.num_tokens,
+            rows.append(ProfileRow(step_kind(s), "in_loop", s, s.num_tokens,
                                    SampleStats.of([t.execute_time_s])))
     return rows
 
@@ -399,7 +403,6 @@ def serve_measured(engine: Any, workload_cfg: WorkloadConfig,
                                    extra={"seed": workload_cfg.seed})
     probe_before = speed_probe(engine.executor)
     engine.executor.step_timings.clear()
-    fresh_core(engine)
     cpu0, t0 = time.thread_time(), time.perf_counter()
     result = run_real(engine, workload, seed=workload_cfg.seed)
     cpu_s, wall_s = time.thread_time() - cpu0, time.perf_counter() - t0
@@ -417,14 +420,6 @@ def serve_measured(engine: Any, workload_cfg: WorkloadConfig,
     meta["stats"]["speed_drift"] = probe / reference_probe_s if reference_probe_s else None
     meta["label"] = "measured"
     return MeasuredRun(_jsonable(meta), result.event_log, rows)
-
-
-def fresh_core(engine: Any) -> None:
-    """A new core (and event log) before ``run_real``: its warm-up serves a request on the
-    engine's *current* core, which would otherwise add steps to the previous run's log."""
-    from engine.core.engine_core import EngineCore
-
-    engine.core = EngineCore(engine.engine_config)
 
 
 def cpu_share(log: EventLog, cpu_s: float) -> float | None:
@@ -577,7 +572,6 @@ def measure_capacity_rps(engine: Any, workload_cfg: WorkloadConfig, *,
     cfg = dataclasses.replace(workload_cfg, num_prompts=max(16, int(rounds * batch)),
                               request_rate=math.inf, max_concurrency=None,
                               seed=workload_cfg.seed + 7_919)
-    fresh_core(engine)
     log = run_real(engine, build_workload(cfg), seed=cfg.seed).event_log
     ev = log.events_columns()
     kinds = np.asarray(ev["kind"])

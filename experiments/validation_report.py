@@ -19,12 +19,6 @@ STATS = (("mean", "mean"), ("p50", "median"), ("p90", "p90"), ("p99", "p99"))
 TARGETS = {"ttft": (0.05, 0.10), "tpot": (0.05, 0.10), "e2el": (0.05, 0.10)}
 
 
-def _rel(sim: float, meas: float) -> float | None:
-    if not (math.isfinite(sim) and math.isfinite(meas)) or meas == 0:
-        return None
-    return (sim - meas) / meas
-
-
 def step_time_errors(model: Any, samples: Sequence[Any]) -> dict[str, Any]:
     """Predicted vs measured step time on the measured run's own shapes (``StepSample``s)."""
     return _errors(_predicted(model, samples), _measured(samples))
@@ -102,6 +96,7 @@ def _wakeup_notes(idle: dict[str, Any]) -> list[str]:
 
 
 def plot_step_scatter(model: Any, samples: Sequence[Any], png: Path) -> Path:
+    from experiments.validate import step_kind
     from reports.plots import new_figure
 
     fig, axes = new_figure(1, 1, (6, 5.5), left=0.13, bottom=0.1)
@@ -109,9 +104,7 @@ def plot_step_scatter(model: Any, samples: Sequence[Any], png: Path) -> Path:
     groups = {"decode": [], "prefill": [], "mixed": []}  # type: dict[str, list[tuple[float, float]]]
     for sample in samples:
         s = sample.shape
-        kind = ("decode" if not s.prefill_query_lens else
-                "prefill" if not s.num_decode_reqs else "mixed")
-        groups[kind].append((sample.execute_time_s * 1e3, model.step_time(s).total_s * 1e3))
+        groups[step_kind(s)].append((sample.execute_time_s * 1e3, model.step_time(s).total_s * 1e3))
     lo, hi = math.inf, 0.0
     for kind, pts in groups.items():
         if pts:
@@ -234,7 +227,7 @@ def diagnose(res: dict[str, Any]) -> list[str]:
                      f"model's total step time is {bias:+.1%} off (per-step |err| median "
                      f"{step['median_abs_rel_err']:.1%}).{why}")
     notes += _wakeup_notes(idle)
-    by = {name: (m, s) for name, m, s in res_stages(res)}
+    by = {r["stage"]: (r["measured"], r["simulated"]) for r in res["stages"]}
     m = by["schedule CPU per step"][0] + by["post-step CPU (update + outputs)"][0]
     s = by["schedule CPU per step"][1] + by["post-step CPU (update + outputs)"][1]
     period = by["loop period (schedule to schedule)"][0]
@@ -248,10 +241,6 @@ def diagnose(res: dict[str, Any]) -> list[str]:
                      f"the measured {m:.1f} — step-time errors feed back into batch sizes and "
                      "queueing (stronger at high load).")
     return notes
-
-
-def res_stages(res: dict[str, Any]) -> list[tuple[str, float, float]]:
-    return [(r["stage"], r["measured"], r["simulated"]) for r in res["stages"]]
 
 
 def _rel_errors(cmp: dict[str, Any], run: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -386,6 +375,3 @@ def _markdown(res: dict[str, Any], png: Path | None, measured: Path, simulated: 
     if png is not None:
         lines += ["", f"![per-step predicted vs measured]({png.name})"]
     return "\n".join(lines) + "\n"
-
-
-# -- the commands --------------------------------------------------------------------------------

@@ -297,7 +297,7 @@ def resolve_engine_config(cfg: SimConfig) -> EngineConfig:
     Raises ``ConfigError`` when the model does not fit or one max-length request cannot.
     """
     e = cfg.engine
-    if cfg.max_model_len is None or not cfg.uses_catalog_labels_only:
+    if not cfg.uses_catalog_labels_only:
         m = cfg.model_spec
         if cfg.max_model_len is not None and cfg.max_model_len > m.max_model_len:
             raise ConfigError(

@@ -165,40 +165,23 @@ class BlockPool:
 
     # -- allocation -----------------------------------------------------------------------------
     def get_new_blocks(self, num_blocks: int) -> list[int]:
-        """Pop ``num_blocks`` from the head of the free queue, evicting their stale hashes.
-
-        The pool's hottest loop, so it walks the queue's links itself (one pass: unlink, take
-        a reference, note hashed blocks) instead of ``popleft_n`` plus a second pass.
-        """
-        queue = self.free_queue
-        if num_blocks > queue.num_free_blocks:
-            raise ValueError(f"cannot get {num_blocks} blocks: {queue.num_free_blocks} free")
-        nxt, prv = queue._next, queue._prev
-        ref_cnt, block_hash = self.ref_cnt, self.block_hash
-        head = queue._head
-        blocks = []
-        hashed = []
-        cur = nxt[head]
-        for _ in range(num_blocks):
-            blocks.append(cur)
-            ref_cnt[cur] = 1
-            if block_hash[cur] is not None:
-                hashed.append(cur)
-            following = nxt[cur]
-            nxt[cur] = prv[cur] = -1  # popped blocks are linked to nothing
-            cur = following
-        nxt[head] = cur
-        prv[cur] = head
-        queue.num_free_blocks -= num_blocks
-        if hashed:
-            table = self.hash_to_block
-            for b in hashed:
-                h = block_hash[b]
-                if table.get(h) == b:  # the usual case: the only block under its hash
+        """Pop ``num_blocks`` from the head of the free queue, evicting their stale hashes."""
+        if num_blocks > self.free_queue.num_free_blocks:
+            raise ValueError(
+                f"cannot get {num_blocks} blocks: {self.free_queue.num_free_blocks} free"
+            )
+        blocks = self.free_queue.popleft_n(num_blocks)
+        ref_cnt, block_hash, table = self.ref_cnt, self.block_hash, self.hash_to_block
+        for b in blocks:
+            h = block_hash[b]
+            if h is not None:
+                entry = table.get(h)
+                if entry == b:  # the usual case: the only block under its hash
                     del table[h]
                     block_hash[b] = None
                 else:
                     self._evict(b)
+            ref_cnt[b] = 1
         return blocks
 
     def touch(self, blocks: Iterable[int]) -> None:

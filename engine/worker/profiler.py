@@ -268,7 +268,12 @@ class ProfileGrid:
 
     def num_blocks(self, block_size: int) -> int:
         """KV blocks the largest shape needs, plus the null block."""
-        return 1 + max((s.num_blocks(block_size) for s in self.shapes()), default=1)
+        return blocks_needed(self.shapes(), block_size)
+
+
+def blocks_needed(shapes: Iterable[ShapeSpec], block_size: int) -> int:
+    """KV blocks the largest of ``shapes`` needs, plus the null block."""
+    return 1 + max((s.num_blocks(block_size) for s in shapes), default=1)
 
 
 #: Idle durations after which ``StepProfiler.measure_wakeup`` times a step (seconds).
@@ -345,7 +350,7 @@ class StepProfiler:
         progress: Callable[[int, int], None] | None = None,
     ) -> list[ProfileRow]:
         """Measure ``shapes`` with ``timing``'s warm-up, repeats, rounds and seed."""
-        need = 1 + max((s.num_blocks(self.block_size) for s in shapes), default=1)
+        need = blocks_needed(shapes, self.block_size)
         if need > self.executor.num_gpu_blocks:
             raise ValueError(
                 f"the grid's largest shape needs {need} KV blocks, the executor has "

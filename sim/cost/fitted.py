@@ -88,7 +88,7 @@ class ModelGeometry:
         return 4.0 * self.num_heads * self.head_dim * self.num_layers
 
 
-# -- NNLS ----------------------------------------------------------------------------------------
+# -- the profile ---------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class ProfileRecord:
     """One row of a profile CSV (see ``engine.worker.profiler.PROFILE_COLUMNS``)."""

@@ -66,6 +66,3 @@ def fit_nonnegative(x: np.ndarray, y: np.ndarray, weights: np.ndarray) -> np.nda
     coef = nnls(x / scale * weights[:, None], y * weights)
     result: np.ndarray = coef / scale
     return result
-
-
-# -- the profile ---------------------------------------------------------------------------------
