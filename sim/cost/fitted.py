@@ -34,7 +34,7 @@ import csv
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -448,19 +448,21 @@ class FittedCostModel:
         return linear + attention + overhead
 
     def scaled(self, factor: float) -> FittedCostModel:
-        """This model on a machine ``factor`` times slower: every step coefficient and every
-        CPU stage cost multiplied (how ``twinserve validate`` separates a change of the
-        machine's speed, seen by its speed probe, from the model's own error)."""
+        """This model on a machine ``factor`` times slower: every step coefficient, every CPU
+        stage cost and the idle wake-up cost multiplied, the wake-up ramp (an idle duration)
+        kept — how ``twinserve validate`` separates a change of the machine's speed, seen by
+        its speed probe, from the model's own error."""
         if not factor > 0:
             raise ConfigError(f"scale factor must be > 0, got {factor}")
         stages = {
-            name: StageCost(c.intercept_s * factor, c.slope_s * factor, c.slope2_s * factor,
-                            c.unit, c.unit2, c.num_rows)
+            name: replace(c, intercept_s=c.intercept_s * factor, slope_s=c.slope_s * factor,
+                          slope2_s=c.slope2_s * factor)
             for name, c in self.frontend.stages.items()
         }
+        wakeup = replace(self.frontend.wakeup, extra_s=self.frontend.wakeup.extra_s * factor)
         return FittedCostModel(
             self.geometry, {k: v * factor for k, v in self.coefficients.items()},
-            self.linear_knee_tokens, frontend=FrontendCosts(stages),
+            self.linear_knee_tokens, frontend=replace(self.frontend, stages=stages, wakeup=wakeup),
             fit_report=self.fit_report, measured_on={**self.measured_on, "scaled_by": factor},
         )
 

@@ -3,6 +3,7 @@ exact decode fast path, held-out error, JSON round trip, front-end costs and the
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -147,11 +148,14 @@ def test_json_round_trip(tmp_path: Path) -> None:
 
 def test_scaled_model_multiplies_every_cost() -> None:
     costs = FrontendCosts.fit(stage_rows("loop", "post", 60e-6, 15e-6, 30e-6))
+    costs = dataclasses.replace(costs, wakeup=IdleWakeup(extra_s=2e-3, ramp_s=5e-3, num_rows=6))
     model = FittedCostModel(GEOMETRY, TRUE, 16, frontend=costs)
     slow = model.scaled(1.5)
     s = shape([(100, 20)], [5, 6, 7])
     assert slow.step_time(s).total_s == pytest.approx(1.5 * model.step_time(s).total_s)
     assert slow.frontend.get("loop/post")(4, 1) == pytest.approx(1.5 * costs.get("loop/post")(4, 1))
+    assert slow.frontend.wakeup == IdleWakeup(extra_s=pytest.approx(3e-3), ramp_s=5e-3,
+                                              num_rows=6)
     assert slow.measured_on["scaled_by"] == 1.5
     with pytest.raises(ConfigError):
         model.scaled(0.0)
