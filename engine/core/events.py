@@ -192,7 +192,11 @@ class EventLog:
         if not rows:
             return
         for name, values in zip(STEP_COLUMNS, zip(*rows, strict=True), strict=True):
-            self._steps[name].extend(values)
+            col = self._steps[name]
+            if type(col) is list:
+                col.extend(values)
+            else:
+                col.fromlist(list(values))  # type: ignore[union-attr]  # 2.5x extend(tuple)
         self._step_rows = []
 
     def record_steps(self, columns: Mapping[str, Sequence[object]]) -> None:
