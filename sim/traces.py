@@ -29,6 +29,8 @@ TRACES = {
     "mooncake-synthetic": DATA_DIR / "traces" / "mooncake_fast25" / "synthetic_trace.jsonl",
 }
 MOONCAKE_BLOCK_TOKENS = 512
+STREAM_COLUMNS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
+AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 
 
 class WorkloadError(UserError):
@@ -69,10 +71,18 @@ def _require_columns(path: Path, header: Sequence[str], needed: Sequence[str], k
 
 def _positive_ints(values: list[str] | list[int], path: Path, column: str) -> np.ndarray:
     try:
-        arr = np.array([int(float(v)) for v in values], dtype=np.int64)
+        floats = np.array([float(v) for v in values], dtype=np.float64)
     except ValueError as exc:
         raise WorkloadError(f"{path}: column {column} holds a non-number ({exc})") from None
-    return arr
+    with np.errstate(invalid="ignore"):
+        ok = np.abs(floats) < 2.0**62  # False for NaN and infinities too
+    if not ok.all():
+        bad = int(np.argmin(ok))
+        raise WorkloadError(
+            f"{path}: column {column} holds a non-finite or too large number "
+            f"({floats[bad]}, request {bad})"
+        )
+    return floats.astype(np.int64)
 
 
 def load_trace(path_or_name: str) -> TraceRows:
@@ -84,14 +94,27 @@ def load_trace(path_or_name: str) -> TraceRows:
         with open(path, newline="") as f:
             reader = csv.reader(f)
             header = [h.strip() for h in next(reader, [])]
-            rows = [r for r in reader if r]
-    except (OSError, UnicodeDecodeError) as exc:
+            is_azure = "TIMESTAMP" in header or "ContextTokens" in header
+            if is_azure:
+                _require_columns(path, header, AZURE_COLUMNS, "Azure")
+            else:
+                _require_columns(path, header, STREAM_COLUMNS, "request-stream")
+            rows = []
+            for r in reader:
+                if not r:
+                    continue
+                if len(r) != len(header):
+                    raise WorkloadError(
+                        f"{path}:{reader.line_num}: row has {len(r)} field(s), the header "
+                        f"{len(header)} ({', '.join(header)})"
+                    )
+                rows.append(r)
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise WorkloadError(f"cannot read trace {path}: {exc}") from None
     if not rows:
         raise WorkloadError(f"{path}: the trace holds no requests")
     cols = {name: [r[i] for r in rows] for i, name in enumerate(header) if name}
-    if "TIMESTAMP" in header or "ContextTokens" in header:
-        _require_columns(path, header, ("TIMESTAMP", "ContextTokens", "GeneratedTokens"), "Azure")
+    if is_azure:
         try:
             stamps = [datetime.fromisoformat(t.strip()[:26]) for t in cols["TIMESTAMP"]]
         except ValueError as exc:
@@ -102,10 +125,6 @@ def load_trace(path_or_name: str) -> TraceRows:
         output = _positive_ints(cols["GeneratedTokens"], path, "GeneratedTokens")
         kind = "azure"
     else:
-        _require_columns(
-            path, header, ("arrived_at", "num_prefill_tokens", "num_decode_tokens"),
-            "request-stream",
-        )
         try:
             arrival = np.array([float(v) for v in cols["arrived_at"]])
         except ValueError as exc:
@@ -126,10 +145,15 @@ def _load_mooncake(path: Path) -> TraceRows:
                 try:
                     row = json.loads(line)
                     stamps.append(float(row["timestamp"]) / 1000.0)
-                    prompt.append(int(row["input_length"]))
-                    output.append(int(row["output_length"]))
+                    lengths = (int(row["input_length"]), int(row["output_length"]))
+                    if max(abs(n) for n in lengths) >= 2**62:
+                        raise ValueError(f"length out of range: {lengths}")
+                    prompt.append(lengths[0])
+                    output.append(lengths[1])
                     hashes.append(tuple(int(h) for h in row.get("hash_ids", ())))
-                except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                except (
+                    json.JSONDecodeError, KeyError, TypeError, ValueError, OverflowError
+                ) as exc:
                     raise WorkloadError(
                         f"{path}:{lineno}: Mooncake rows need timestamp (ms), input_length, "
                         f"output_length and hash_ids ({type(exc).__name__}: {exc})"
@@ -147,6 +171,13 @@ def _load_mooncake(path: Path) -> TraceRows:
 
 
 def _checked(path: Path, rows: TraceRows) -> TraceRows:
+    finite = np.isfinite(rows.arrival_s)
+    if not finite.all():
+        bad = int(np.argmin(finite))
+        raise WorkloadError(
+            f"{path}: request {bad} has an arrival time that is not a finite number "
+            f"({rows.arrival_s[bad]})"
+        )
     if (rows.prompt_lens < 1).any() or (rows.output_lens < 1).any():
         bad = int(np.argmax((rows.prompt_lens < 1) | (rows.output_lens < 1)))
         raise WorkloadError(

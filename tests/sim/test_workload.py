@@ -99,6 +99,20 @@ def test_trace_lengths_with_synthetic_arrivals(tmp_path: Path) -> None:
         ("arrived_at,num_prefill_tokens,num_decode_tokens\n1,x,2\n", "non-number"),
         ("arrived_at,num_prefill_tokens,num_decode_tokens\n", "no requests"),
         ("arrived_at,num_prefill_tokens,num_decode_tokens\n1,0,2\n", "fewer than 1 token"),
+        # wrong columns are named even when the file has no rows
+        ("a,b\n", "missing column.*arrived_at.*found a, b"),
+        ("arrived_at,num_prefill_tokens,num_decode_tokens\n1,2,3\n2,5\n",
+         r"bad\.csv:3: row has 2 field\(s\), the header 3"),
+        ("arrived_at,num_prefill_tokens,num_decode_tokens\nnan,2,3\n",
+         "request 0 has an arrival time that is not a finite number"),
+        ("arrived_at,num_prefill_tokens,num_decode_tokens\n0,2,3\ninf,2,3\n",
+         "request 1 has an arrival time that is not a finite number"),
+        ("arrived_at,num_prefill_tokens,num_decode_tokens\n1,inf,2\n",
+         r"num_prefill_tokens holds a non-finite or too large number \(inf, request 0\)"),
+        ("arrived_at,num_prefill_tokens,num_decode_tokens\n1,2,nan\n",
+         r"num_decode_tokens holds a non-finite or too large number \(nan, request 0\)"),
+        ("arrived_at,num_prefill_tokens,num_decode_tokens\n1,2,3\n1,1e30,3\n",
+         r"num_prefill_tokens holds a non-finite or too large number \(1e\+30, request 1\)"),
     ],
 )
 def test_bad_trace_files(tmp_path: Path, content: str, match: str) -> None:
@@ -108,10 +122,22 @@ def test_bad_trace_files(tmp_path: Path, content: str, match: str) -> None:
         load_trace(str(f))
 
 
-def test_bad_mooncake_row(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("line", "match"),
+    [
+        ('{"timestamp": 0, "input_length": 10}', r"bad\.jsonl:1: Mooncake rows need"),
+        ('{"timestamp": 0, "input_length": 1e999, "output_length": 5}',
+         r"bad\.jsonl:1: Mooncake rows need.*OverflowError"),
+        ('{"timestamp": 0, "input_length": 10, "output_length": 100000000000000000000}',
+         r"bad\.jsonl:1: Mooncake rows need.*length out of range"),
+        ('{"timestamp": NaN, "input_length": 10, "output_length": 5}',
+         "request 0 has an arrival time that is not a finite number"),
+    ],
+)
+def test_bad_mooncake_row(tmp_path: Path, line: str, match: str) -> None:
     f = tmp_path / "bad.jsonl"
-    f.write_text('{"timestamp": 0, "input_length": 10}\n')
-    with pytest.raises(WorkloadError, match=r"bad\.jsonl:1: Mooncake rows need"):
+    f.write_text(line + "\n")
+    with pytest.raises(WorkloadError, match=match):
         load_trace(str(f))
 
 
