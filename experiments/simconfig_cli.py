@@ -16,6 +16,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from engine.core.config import ConfigError
 from engine.core.errors import UserError
 
 #: argparse dest -> (section or None for top level, SimConfig field)
@@ -98,7 +99,11 @@ def add_sim_flags(p: argparse.ArgumentParser) -> None:
 def add_workload_flags(p: argparse.ArgumentParser) -> None:
     """vllm bench serve's workload flags (default None = not given)."""
     g = p.add_argument_group("workload (vllm bench serve's names)")
-    g.add_argument("--dataset-name", choices=["random", "prefix_repetition", "trace"])
+    g.add_argument(
+        "--dataset-name", choices=["random", "prefix_repetition", "trace"],
+        help="default: trace azure-conv, unless --dataset-path (trace), --random-* (random) or "
+        "--prefix-repetition-* (prefix_repetition) flags imply another",
+    )
     g.add_argument("--dataset-path", help="trace file, or azure-conv, azure-code, "
                    "mooncake-conversation, mooncake-synthetic")
     g.add_argument("--num-prompts", type=int)
@@ -139,10 +144,27 @@ def workload_dict_from_args(args: argparse.Namespace) -> dict[str, Any]:
     return config_dict_from_args(args, {}, sections=("workload",))["workload"]
 
 
+def _implied_datasets(work: dict[str, Any]) -> list[str]:
+    """Datasets whose own keys the workload sets: a file implies a trace, random_* keys the
+    random dataset, prefix_repetition_* keys prefix_repetition (so such flags are never
+    silently ignored in favour of the default trace)."""
+    implied = []
+    if "dataset_path" in work:
+        implied.append("trace")
+    if any(k.startswith("random_") for k in work):
+        implied.append("random")
+    if any(k.startswith("prefix_repetition_") for k in work):
+        implied.append("prefix_repetition")
+    return implied
+
+
 def config_dict_from_args(
     args: argparse.Namespace, base: dict[str, Any], sections: tuple[str | None, ...] | None = None
 ) -> dict[str, Any]:
     """Overlay the flags the user gave on ``base`` (a SimConfig dict)."""
+    for section in ("engine", "frontend", "workload", "roofline"):
+        if base.get(section) is not None and not isinstance(base[section], dict):
+            raise ConfigError(f"section {section!r} must be a table/object, got {base[section]!r}")
     out: dict[str, Any] = {k: (dict(v) if isinstance(v, dict) else v) for k, v in base.items()}
     for dest, (section, name) in FLAG_FIELDS.items():
         if sections is not None and section not in sections:
@@ -156,8 +178,14 @@ def config_dict_from_args(
             out.setdefault(section, {})[name] = value
     work = out.setdefault("workload", {})
     if "dataset_name" not in work:
-        if "dataset_path" in work:
-            work["dataset_name"] = "trace"  # a file implies a trace
+        implied = _implied_datasets(work)
+        if len(implied) > 1:
+            raise ConfigError(
+                f"the workload sets keys of several datasets ({', '.join(implied)}); "
+                "choose one with --dataset-name / dataset_name"
+            )
+        if implied:
+            work["dataset_name"] = implied[0]
         else:
             for key, value in DEFAULT_DATASET.items():
                 work.setdefault(key, value)

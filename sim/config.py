@@ -18,12 +18,17 @@ from engine.core.config import (
     ConfigError,
     EngineConfig,
     SchedulerConfig,
+    check_field_types,
     config_from_dict,
 )
 from sim.cost.roofline import RooflineParams
 from sim.hardware import GPUSpec, get_gpu
 from sim.models import ModelSpec, get_model
 from sim.workload import WorkloadConfig
+
+#: Upper bound of any one front-end cost or latency (one day): larger values are typos, and
+#: would overflow the simulated clock.
+MAX_COST_S = 86400.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +73,11 @@ class FrontendConfig:
         if self.num_api_servers < 1:
             raise ConfigError(f"num_api_servers must be >= 1, got {self.num_api_servers}")
         for f in dataclasses.fields(self):
-            if f.name != "num_api_servers" and getattr(self, f.name) < 0:
-                raise ConfigError(f"{f.name} must be >= 0, got {getattr(self, f.name)}")
+            value = getattr(self, f.name)
+            if f.name != "num_api_servers" and not 0 <= value <= MAX_COST_S:
+                raise ConfigError(
+                    f"{f.name} must be a number in [0, {MAX_COST_S:g}] s, got {value}"
+                )
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +141,16 @@ class SimConfig:
     fast_path: bool = True  # exact bulk application of identical decode steps
 
     def __post_init__(self) -> None:
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ConfigError(
+                f"max_model_len must be >= 2 tokens (a prompt token and an output), "
+                f"got {self.max_model_len}"
+            )
+        if self.num_gpu_blocks is not None and self.num_gpu_blocks < 2:
+            raise ConfigError(
+                f"num_gpu_blocks must be >= 2 (block 0 is the reserved null block), "
+                f"got {self.num_gpu_blocks}"
+            )
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ConfigError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
@@ -203,6 +221,8 @@ class SimConfig:
         kwargs: dict[str, Any] = {}
         if "seed" in values:  # accepted at the top level too: it is the workload's seed
             seed = values.pop("seed")
+            if not isinstance(values.get("workload") or {}, dict):
+                raise ConfigError("section 'workload' must be a table/object")
             work = dict(values.get("workload") or {})
             if "seed" in work and work["seed"] != seed:
                 raise ConfigError(f"seed given twice: {seed} (top level) and {work['seed']}")
@@ -217,8 +237,11 @@ class SimConfig:
                 if name == "workload":
                     if "request_rate" in raw:
                         raw["request_rate"] = _decode_float(raw["request_rate"])
-                    if "priority_mix" in raw:
-                        raw["priority_mix"] = tuple(tuple(p) for p in raw["priority_mix"])
+                    mix = raw.get("priority_mix")
+                    if isinstance(mix, list | tuple) and all(
+                        isinstance(p, list | tuple) for p in mix
+                    ):
+                        raw["priority_mix"] = tuple(tuple(p) for p in mix)
                 kwargs[name] = config_from_dict(sub, raw, where=f"[{name}]")
         valid = [f.name for f in dataclasses.fields(cls)]
         unknown = sorted(set(values) - set(valid))
@@ -226,6 +249,7 @@ class SimConfig:
             raise ConfigError(
                 f"unknown key(s) {', '.join(unknown)}; valid top-level keys: {', '.join(valid)}"
             )
+        check_field_types(cls, values)
         kwargs.update(values)
         return cls(**kwargs)
 
@@ -234,8 +258,12 @@ def _encode_float(x: float) -> float | str:
     return "inf" if math.isinf(x) else x
 
 
-def _decode_float(x: float | str) -> float:
-    return math.inf if isinstance(x, str) and x.lower() in ("inf", "infinity") else float(x)
+def _decode_float(x: object) -> object:
+    """``"inf"``/``"infinity"`` (JSON has no infinity) become ``math.inf``; anything else is
+    returned as it is, for the type check to accept or name."""
+    if isinstance(x, str) and x.strip().lower() in ("inf", "infinity"):
+        return math.inf
+    return x
 
 
 # -- KV capacity ---------------------------------------------------------------------------------

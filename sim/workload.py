@@ -35,6 +35,7 @@ from typing import Literal
 
 import numpy as np
 
+from engine.core.config import INFINITE_OK
 from sim.traces import MOONCAKE_BLOCK_TOKENS, TRACES, WorkloadError, load_trace
 
 DatasetName = Literal["random", "prefix_repetition", "trace"]
@@ -46,8 +47,12 @@ class WorkloadConfig:
 
     dataset_name: DatasetName = "random"
     num_prompts: int = 1000
-    request_rate: float = math.inf  # requests/s; inf = all at t=0 (trace: None = file times)
-    burstiness: float = 1.0  # gamma shape; 1 = Poisson
+    request_rate: float = field(  # requests/s; inf = all at t=0 (trace: None = file times)
+        default=math.inf, metadata={INFINITE_OK: True}
+    )
+    burstiness: float = field(  # gamma shape; 1 = Poisson, inf = evenly spaced
+        default=1.0, metadata={INFINITE_OK: True}
+    )
     max_concurrency: int | None = None  # client-side cap on requests in flight
     seed: int = 0
     # random
@@ -89,6 +94,13 @@ class WorkloadConfig:
             bad(f"random_range_ratio must be in [0, 1), got {self.random_range_ratio}")
         if self.random_prefix_len < 0:
             bad("random_prefix_len must be >= 0")
+        if self.seed < 0:
+            bad(f"seed must be >= 0, got {self.seed}")
+        if self.prefix_repetition_prefix_len < 0 or self.prefix_repetition_suffix_len < 0:
+            bad(
+                "prefix_repetition_prefix_len and prefix_repetition_suffix_len must be >= 0, "
+                f"got {self.prefix_repetition_prefix_len} and {self.prefix_repetition_suffix_len}"
+            )
         if self.prefix_repetition_num_prefixes < 1:
             bad("prefix_repetition_num_prefixes must be >= 1")
         if self.dataset_name == "prefix_repetition" and (

@@ -10,6 +10,9 @@ construction. The CLI and experiment files are built from these same fields, and
 from __future__ import annotations
 
 import dataclasses
+import math
+import types
+import typing
 from dataclasses import dataclass
 from typing import Any, Literal, Self, TypeVar
 
@@ -45,7 +48,8 @@ _C = TypeVar("_C")
 
 
 def config_from_dict(cls: type[_C], values: dict[str, Any], *, where: str = "") -> _C:
-    """Build a config dataclass from a plain dict, rejecting unknown keys by name."""
+    """Build a config dataclass from a plain dict, rejecting unknown keys by name and values
+    whose type does not match the field's annotation (``check_field_types``)."""
     names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
     unknown = sorted(set(values) - set(names))
     if unknown:
@@ -54,7 +58,83 @@ def config_from_dict(cls: type[_C], values: dict[str, Any], *, where: str = "") 
             f"unknown key(s) {', '.join(unknown)}{label} for {cls.__name__}; "
             f"valid keys: {', '.join(names)}"
         )
+    check_field_types(cls, values, where=where)
     return cls(**values)
+
+
+#: Field metadata key: this float field accepts infinity (e.g. ``request_rate``).
+INFINITE_OK = "infinite_ok"
+
+
+def check_field_types(cls: type[Any], values: dict[str, Any], *, where: str = "") -> None:
+    """Refuse a value that a field's annotation does not admit, naming the key and what is
+    valid — before ``__post_init__`` compares it with numbers (a string or ``null`` there
+    would be a ``TypeError``, a NaN or infinite cost a run that never ends).
+
+    Integers exclude ``bool``; floats take ints but never NaN, and infinity only where the
+    field's metadata says ``INFINITE_OK``; nested config dataclasses are left to their own
+    ``from_dict``; annotations this does not know are left to ``__post_init__``.
+    """
+    hints = typing.get_type_hints(cls)
+    label = f"{where} " if where else ""
+    for f in dataclasses.fields(cls):
+        if f.name not in values:
+            continue
+        value, hint = values[f.name], hints[f.name]
+        if not _matches(value, hint, bool(f.metadata.get(INFINITE_OK))):
+            raise ConfigError(
+                f"{label}{f.name} must be {_describe(hint, bool(f.metadata.get(INFINITE_OK)))}, "
+                f"got {value!r}"
+            )
+
+
+def _matches(value: object, hint: Any, inf_ok: bool) -> bool:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, a, inf_ok) for a in args)
+    if origin is Literal:
+        return any(value == a and type(value) is type(a) for a in args)
+    if origin is tuple:
+        if not isinstance(value, tuple | list):
+            return False
+        if len(args) == 2 and args[1] is Ellipsis:
+            return all(_matches(v, args[0], inf_ok) for v in value)
+        return len(value) == len(args) and all(
+            _matches(v, a, inf_ok) for v, a in zip(value, args, strict=True)
+        )
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return _is_int(value)
+    if hint is float:
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            return False
+        return math.isfinite(value) or (inf_ok and math.isinf(value))
+    if hint is str:
+        return isinstance(value, str)
+    return True  # a nested config or an annotation checked by __post_init__
+
+
+def _describe(hint: Any, inf_ok: bool) -> str:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(a, inf_ok) for a in args)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in args)
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return f"a list of {_describe(args[0], inf_ok)}"
+        return "[" + ", ".join(_describe(a, inf_ok) for a in args) + "]"
+    names = {
+        type(None): "null",
+        bool: "true or false",
+        int: "an integer",
+        float: "a number (or inf)" if inf_ok else "a finite number",
+        str: "a string",
+    }
+    return names.get(hint, str(hint))
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ from the catalog (``sim/hardware.py``), calibrated on measured operator times.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from engine.core.config import ConfigError
@@ -47,8 +48,11 @@ class RooflineParams:
 
     def __post_init__(self) -> None:
         for name in ("kernel_floor_s", "step_overhead_s", "per_request_overhead_s"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be >= 0")
+            value = getattr(self, name)
+            if not 0 <= value < math.inf:
+                raise ConfigError(f"{name} must be a finite number >= 0, got {value}")
+        if self.activation_bytes < 1:
+            raise ConfigError(f"activation_bytes must be >= 1, got {self.activation_bytes}")
         if not 0 < self.attention_compute_efficiency <= 1:
             raise ConfigError("attention_compute_efficiency must be in (0, 1]")
 

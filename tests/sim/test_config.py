@@ -91,6 +91,86 @@ def test_simulate_bad_input_is_one_line(argv: list[str], match: str,
     assert re.search(match, err), err
 
 
+@pytest.mark.parametrize(
+    ("values", "match"),
+    [
+        ({"tensor_parallel_size": "2"}, r"^tensor_parallel_size must be an integer, got '2'$"),
+        ({"tensor_parallel_size": True}, "tensor_parallel_size must be an integer, got True"),
+        ({"data_parallel_size": 1.5}, "data_parallel_size must be an integer, got 1.5"),
+        ({"gpu_memory_utilization": "0.9"}, "gpu_memory_utilization must be a finite number"),
+        ({"max_model_len": 4096.5}, "max_model_len must be an integer or null, got 4096.5"),
+        ({"max_model_len": 0}, "max_model_len must be >= 2 tokens"),
+        ({"num_gpu_blocks": 1}, "num_gpu_blocks must be >= 2"),
+        ({"model": None}, "model must be a string, got None"),
+        ({"fast_path": "no"}, "fast_path must be true or false, got 'no'"),
+        ({"engine": {"block_size": 16.0}}, r"\[engine\] block_size must be an integer, got 16.0"),
+        ({"engine": {"policy": 5}}, r"\[engine\] policy must be a string, got 5"),
+        # NaN or infinite costs would make a run that never ends
+        ({"frontend": {"tokenize_s_per_token": float("inf")}},
+         r"\[frontend\] tokenize_s_per_token must be a finite number, got inf"),
+        ({"frontend": {"idle_wakeup_s": float("nan")}}, "idle_wakeup_s must be a finite number"),
+        ({"frontend": {"network_latency_s": 1e308}},
+         r"network_latency_s must be a number in \[0, "),
+        ({"frontend": {"num_api_servers": 1.5}}, "num_api_servers must be an integer"),
+        ({"roofline": {"step_overhead_s": float("inf")}}, "step_overhead_s must be a finite"),
+        ({"roofline": {"activation_bytes": "x"}}, "activation_bytes must be an integer"),
+        ({"workload": {"num_prompts": 5.5}}, r"\[workload\] num_prompts must be an integer"),
+        ({"workload": {"num_prompts": True}}, "num_prompts must be an integer, got True"),
+        ({"workload": {"request_rate": "fast"}}, "request_rate must be a number \\(or inf\\)"),
+        ({"workload": {"request_rate": None}}, "request_rate must be a number"),
+        ({"workload": {"random_input_len": float("nan")}}, "random_input_len must be an integer"),
+        ({"workload": {"priority_mix": 5}},
+         r"priority_mix must be a list of \[an integer, a finite number\], got 5"),
+        ({"workload": {"priority_mix": [[0, 0.5, 3]]}}, "priority_mix must be a list of"),
+        ({"workload": {"seed": -1}}, "seed must be >= 0, got -1"),
+        ({"workload": {"prefix_repetition_prefix_len": -1}},
+         "prefix_repetition_prefix_len and prefix_repetition_suffix_len must be >= 0"),
+        ({"seed": 3, "workload": 5}, "section 'workload' must be a table/object"),
+        ({"engine": [1]}, "section 'engine' must be a table/object"),
+    ],
+)
+def test_config_values_of_the_wrong_type_are_named(values: dict[str, object], match: str) -> None:
+    with pytest.raises(UserError, match=match):
+        SimConfig.from_dict(values)
+
+
+def test_infinity_where_it_means_something() -> None:
+    w = SimConfig.from_dict(
+        {"workload": {"request_rate": "inf", "burstiness": float("inf")}}
+    ).workload
+    assert w.request_rate == float("inf") and w.burstiness == float("inf")
+    with pytest.raises(UserError, match="trace_time_scale must be a finite number"):
+        SimConfig.from_dict({"workload": {"trace_time_scale": float("inf")}})
+
+
+@pytest.mark.parametrize(
+    ("argv", "dataset"),
+    [
+        ([], "trace"),  # the embedded default: the Azure conversation trace
+        (["--random-input-len", "300"], "random"),
+        (["--prefix-repetition-prefix-len", "32"], "prefix_repetition"),
+        (["--dataset-path", "azure-code"], "trace"),
+    ],
+)
+def test_dataset_flags_imply_their_dataset(argv: list[str], dataset: str) -> None:
+    from experiments.cli import build_parser
+    from experiments.simconfig_cli import config_dict_from_args
+
+    args = build_parser().parse_args(["simulate", *argv])
+    cfg = SimConfig.from_dict(config_dict_from_args(args, {}))
+    assert cfg.workload.dataset_name == dataset
+    if dataset == "random":
+        assert cfg.workload.random_input_len == 300
+
+
+def test_flags_of_two_datasets_are_refused(capsys: pytest.CaptureFixture[str],
+                                           tmp_path: Path) -> None:
+    code = main(["simulate", "--no-plots", "--out", str(tmp_path / "run"),
+                 "--dataset-path", "azure-code", "--random-input-len", "300"])
+    assert code == 2
+    assert "sets keys of several datasets (trace, random)" in capsys.readouterr().err
+
+
 def test_experiment_file_with_unknown_key(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
