@@ -104,7 +104,9 @@ def _plan(args: argparse.Namespace) -> int:
     from experiments.sweep_report import markdown_table
 
     spec = build_spec(args)
-    out = Path(args.out) if args.out else Path("runs") / "plan"
+    from experiments.reporting import prepare_out_dir
+
+    out = prepare_out_dir(Path(args.out) if args.out else Path("runs") / "plan")
     candidates = spec.candidates()
     print(f"plan: {len(candidates)} candidate(s) × {len(spec.seeds)} seed(s)", file=sys.stderr)
 

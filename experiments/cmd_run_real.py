@@ -63,7 +63,7 @@ def _run_real(args: argparse.Namespace) -> int:
 
     from engine.llm import EngineArgs
     from experiments.real_run import run_real
-    from experiments.reporting import finish_run
+    from experiments.reporting import finish_run, prepare_out_dir
     from sim.workload import WorkloadConfig, build_workload
 
     if args.cpu_threads:
@@ -73,6 +73,7 @@ def _run_real(args: argparse.Namespace) -> int:
     workload_cfg = WorkloadConfig(**workload_dict_from_args(args))
     workload = build_workload(workload_cfg)
     workload = dataclasses.replace(workload, extra={"seed": workload_cfg.seed})
+    out_dir = prepare_out_dir(Path(args.out) if args.out else default_out_dir("real"))
     engine = EngineArgs(model=args.model, **_engine_kwargs(args)).build()
     t0 = time.perf_counter()
     result = run_real(engine, workload, seed=workload_cfg.seed)
@@ -80,7 +81,6 @@ def _run_real(args: argparse.Namespace) -> int:
     meta["config"]["workload"] = {
         k: getattr(workload_cfg, k) for k in workload_cfg.__dataclass_fields__
     }
-    out_dir = Path(args.out) if args.out else default_out_dir("real")
     from reports.tables import build_tables
 
     finish_run(tables=build_tables(result.event_log), meta=meta, out_dir=out_dir, args=args)

@@ -27,7 +27,9 @@ def _sweep(args: argparse.Namespace) -> int:
         print(f"{spec.name}: {len(points)} point(s) valid "
               f"({len(spec.variants)} variant(s) × {len(points) // len(spec.variants)})")
         return 0
-    out = Path(args.out) if args.out else Path("runs") / f"sweep-{spec.name}"
+    from experiments.reporting import prepare_out_dir
+
+    out = prepare_out_dir(Path(args.out) if args.out else Path("runs") / f"sweep-{spec.name}")
     backend = make_backend(args.backend, args.jobs, args.ray_address)
     try:
         progress = ProgressLine() if args.progress else None

@@ -77,10 +77,10 @@ def _workload_config(args: argparse.Namespace, rate: float | None) -> Any:
 def _validate(args: argparse.Namespace) -> int:
     from experiments import validate as v
     from experiments.cmd_run_real import engine_config_dict
+    from experiments.reporting import prepare_out_dir
     from sim.workload import build_workload
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_out_dir(Path(args.out))
     if args.reuse_measured:
         return _validate_reused(args, out)
     _threads(args)

@@ -7,6 +7,7 @@ Parses the vllm-bench-style result flags (``--goodput KEY:MS …``, ``--metric-p
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -60,6 +61,23 @@ def parse_metrics(text: str) -> list[str]:
             f"invalid --percentile-metrics {text!r}: choose from {', '.join(PERCENTILE_METRICS)}"
         )
     return names
+
+
+def prepare_out_dir(path: Path) -> Path:
+    """Create the output directory before any work starts, so that an ``--out`` that cannot be
+    one (an existing file, a path under a file, an unwritable place) is refused at once
+    instead of after a long run."""
+    try:
+        if path.exists() and not path.is_dir():
+            raise UserError(f"--out {path} exists and is not a directory")
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # e.g. a path under a file, no permission, a name too long
+        raise UserError(
+            f"cannot create the output directory {path}: {exc.strerror or exc}"
+        ) from None
+    if not os.access(path, os.W_OK):
+        raise UserError(f"the output directory {path} is not writable")
+    return path
 
 
 def finish_run(

@@ -119,6 +119,10 @@ def load_trace(path_or_name: str) -> TraceRows:
             stamps = [datetime.fromisoformat(t.strip()[:26]) for t in cols["TIMESTAMP"]]
         except ValueError as exc:
             raise WorkloadError(f"{path}: bad TIMESTAMP ({exc})") from None
+        if len({t.tzinfo is None for t in stamps}) > 1:
+            raise WorkloadError(
+                f"{path}: TIMESTAMP mixes times with and without a UTC offset"
+            )
         t0 = stamps[0]
         arrival = np.array([(t - t0).total_seconds() for t in stamps])
         prompt = _positive_ints(cols["ContextTokens"], path, "ContextTokens")
@@ -158,8 +162,8 @@ def _load_mooncake(path: Path) -> TraceRows:
                         f"{path}:{lineno}: Mooncake rows need timestamp (ms), input_length, "
                         f"output_length and hash_ids ({type(exc).__name__}: {exc})"
                     ) from None
-    except OSError as exc:
-        raise WorkloadError(f"cannot read trace {path}: {exc.strerror}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise WorkloadError(f"cannot read trace {path}: {exc}") from None
     if not stamps:
         raise WorkloadError(f"{path}: the trace holds no requests")
     arrival = np.array(stamps) - stamps[0]

@@ -367,8 +367,12 @@ class FittedCostModel:
         missing = set(FEATURE_NAMES) - set(coefficients)
         if missing:
             raise ConfigError(f"fitted model lacks coefficients for {', '.join(sorted(missing))}")
-        if any(not c >= 0 for c in coefficients.values()):
-            raise ConfigError("fitted coefficients must be >= 0")
+        bad = {
+            n: c for n, c in coefficients.items()
+            if not (isinstance(c, int | float) and not isinstance(c, bool) and 0 <= c < math.inf)
+        }
+        if bad:
+            raise ConfigError(f"fitted coefficients must be finite numbers >= 0, got {bad}")
         self.geometry = geometry
         self.coefficients = {n: float(coefficients[n]) for n in FEATURE_NAMES}
         self.linear_knee_tokens = int(linear_knee_tokens)
@@ -598,4 +602,28 @@ class FittedCostModel:
             raise ConfigError(f"cannot read fitted cost model {p}: {exc.strerror}") from None
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{p} is not valid JSON: {exc}") from None
-        return FittedCostModel.from_json(values)
+        if not isinstance(values, dict):
+            raise ConfigError(f"{p}: a fitted cost model is a JSON object, got {values!r:.60}")
+        _require_finite(values.get("frontend"), f"{p}: frontend")
+        try:
+            return FittedCostModel.from_json(values)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            if isinstance(exc, ConfigError):
+                raise ConfigError(f"{p}: {exc}") from None
+            raise ConfigError(
+                f"{p} is not a valid fitted cost model ({type(exc).__name__}: {exc}); "
+                "write one with `twinserve profile`"
+            ) from None
+
+
+def _require_finite(value: object, where: str) -> None:
+    """Every number in a nested JSON value is finite (a NaN or infinite cost never ends a
+    simulated step)."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _require_finite(v, f"{where}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _require_finite(v, f"{where}[{i}]")
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{where} must be a finite number, got {value}")

@@ -171,6 +171,21 @@ def test_flags_of_two_datasets_are_refused(capsys: pytest.CaptureFixture[str],
     assert "sets keys of several datasets (trace, random)" in capsys.readouterr().err
 
 
+def test_an_out_that_cannot_be_a_directory_is_refused_before_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    regular = tmp_path / "file"
+    regular.write_text("x")
+    for out, message in (
+        (regular, "exists and is not a directory"),
+        (regular / "sub", "cannot create the output directory"),
+    ):
+        code = main(["simulate", "--no-plots", "--out", str(out), "--num-prompts", "3"])
+        err = capsys.readouterr().err
+        assert code == 2 and message in err and err.count("\n") == 1
+        assert "Simulated" not in err  # refused before simulating
+
+
 def test_experiment_file_with_unknown_key(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

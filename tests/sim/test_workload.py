@@ -111,6 +111,8 @@ def test_trace_lengths_with_synthetic_arrivals(tmp_path: Path) -> None:
          r"num_prefill_tokens holds a non-finite or too large number \(inf, request 0\)"),
         ("arrived_at,num_prefill_tokens,num_decode_tokens\n1,2,nan\n",
          r"num_decode_tokens holds a non-finite or too large number \(nan, request 0\)"),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46+00:00,3,4\n"
+         "2023-11-16 18:15:47,3,4\n", "TIMESTAMP mixes times with and without a UTC offset"),
         ("arrived_at,num_prefill_tokens,num_decode_tokens\n1,2,3\n1,1e30,3\n",
          r"num_prefill_tokens holds a non-finite or too large number \(1e\+30, request 1\)"),
     ],
@@ -119,6 +121,13 @@ def test_bad_trace_files(tmp_path: Path, content: str, match: str) -> None:
     f = tmp_path / "bad.csv"
     f.write_text(content)
     with pytest.raises(WorkloadError, match=match):
+        load_trace(str(f))
+
+
+def test_binary_mooncake_file(tmp_path: Path) -> None:
+    f = tmp_path / "bad.jsonl"
+    f.write_bytes(b"\xff\xfe\x00binary")
+    with pytest.raises(WorkloadError, match=r"cannot read trace .*bad\.jsonl"):
         load_trace(str(f))
 
 

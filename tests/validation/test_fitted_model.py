@@ -172,6 +172,22 @@ def test_load_errors_name_the_problem(tmp_path: Path) -> None:
         FittedCostModel(GEOMETRY, {"step": 1.0})
     with pytest.raises(ConfigError, match=">= 0"):
         FittedCostModel(GEOMETRY, {**TRUE, "step": -1.0})
+    for coefficient in (math.inf, math.nan, None, "1"):
+        with pytest.raises(ConfigError, match="must be finite numbers >= 0"):
+            FittedCostModel(GEOMETRY, {**TRUE, "step": coefficient})  # type: ignore[dict-item]
+    good = FittedCostModel(GEOMETRY, TRUE).save(tmp_path / "good.json")
+    values = json.loads(good.read_text())
+    broken = {
+        "list": [],
+        "no geometry": {k: v for k, v in values.items() if k != "geometry"},
+        "short geometry": {**values, "geometry": {"num_layers": 2}},
+        "infinite front end": {**values, "frontend": {"idle_wakeup": {"wakeup_s": math.inf}}},
+    }
+    for name, content in broken.items():
+        f = tmp_path / f"{name}.json"
+        f.write_text(json.dumps(content))
+        with pytest.raises(ConfigError, match=r"fitted cost model|must be a finite number"):
+            FittedCostModel.load(f)
 
 
 def stage_rows(kind: str, name: str, a: float, b: float, c: float) -> list[ProfileRecord]:
