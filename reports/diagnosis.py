@@ -21,6 +21,7 @@ step times) and what to try.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -112,12 +113,38 @@ def diagnose(
     scores["output-bound"] = max(scores["output-bound"], e2el_out)
     ev = _evidence(tables, breakdown, engine)
     if p99["num_requests"] == 0:
-        return Diagnosis("healthy", "No request completed: nothing to diagnose.", scores, ev)
+        return Diagnosis("healthy", _nothing_completed(tables.requests), scores, ev)
     verdict = max(scores, key=lambda k: scores[k])
     if scores[verdict] < SCORE_THRESHOLD:
         verdict = _saturated_stage(ev)
     text = _paragraph(verdict, shares, scores, ev, e2el_out)
     return Diagnosis(verdict, text, scores, ev)
+
+
+def _nothing_completed(requests: Any) -> str:
+    """Why no request completed, naming the commonest rejection reasons (e.g. a prompt that
+    exceeds max_model_len) so that a run of only failures never looks healthy."""
+    text = "No request completed: nothing to diagnose."
+    if "rejected_reason" not in requests or not len(requests):
+        return text
+    reasons = requests["rejected_reason"].dropna()
+    reasons = reasons[reasons.astype(str) != ""]
+    if not len(reasons):
+        return text
+    # group reasons that differ only in their numbers; show the first of each group
+    groups: dict[str, list[Any]] = {}
+    for reason in reasons.astype(str):
+        entry = groups.setdefault(re.sub(r"\d+(\.\d+)?", "#", reason), [reason, 0])
+        entry[1] += 1
+    ranked = sorted(groups.values(), key=lambda e: -e[1])
+    shown = "; ".join(
+        f"“{example}”" if n == 1 else f"{n} such as “{example}”" for example, n in ranked[:3]
+    )
+    more = f"; and {len(ranked) - 3} other kind(s) of rejection" if len(ranked) > 3 else ""
+    return (
+        f"No request completed: {len(reasons)} of {len(requests)} were rejected — "
+        f"{shown}{more}."
+    )
 
 
 def _saturated_stage(ev: Mapping[str, Any]) -> str:

@@ -72,6 +72,18 @@ def test_paragraphs_name_the_evidence():
     assert ok.startswith("No bottleneck")
 
 
+def test_a_run_of_only_rejections_names_why() -> None:
+    cfg = SimConfig(
+        max_model_len=50, num_gpu_blocks=100,
+        workload=WorkloadConfig(num_prompts=6, random_input_len=100, random_output_len=10,
+                                random_range_ratio=0.5),
+    )
+    res = run_simulation(cfg)
+    text = diagnose(build_tables(res.event_log), sim_result_meta(res)).text
+    assert text.startswith("No request completed: 6 of 6 were rejected — 6 such as “prompt (")
+    assert "exceeds max_model_len (50)”" in text
+
+
 @pytest.mark.parametrize("name", ["queue/KV-bound", "healthy"])
 def test_summary_equals_per_token_vllm_reference(name):
     res, tables, meta = simulated(name)
