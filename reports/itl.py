@@ -91,7 +91,9 @@ def per_second_peaks(tables: RunTables, mask: np.ndarray) -> tuple[float, int]:
     start = req["arrival_s"].to_numpy()[mask]
     end = req["last_token_delivered_s"].to_numpy()[mask]
     t0 = float(start.min())
-    num_buckets = int(np.ceil(float(end.max()) - t0)) + 1
+    num_buckets = np.ceil(float(end.max()) - t0) + 1  # seconds the run spans (a float: a
+    # trace stretched by a tiny rate may span more seconds than an array could hold, so
+    # both peaks are computed over the occupied seconds only)
     # tokens: per step, the number of selected requests that got a token in it
     runs = _runs_of(tables, mask)
     delivered = step_lookup(tables.steps, "delivered_time_s")
@@ -101,11 +103,15 @@ def per_second_peaks(tables: RunTables, mask: np.ndarray) -> tuple[float, int]:
     cover -= np.bincount(stop, minlength=len(delivered) + 1)
     tokens_per_step = np.cumsum(cover)[: len(delivered)]
     has = tokens_per_step > 0
-    bucket = np.trunc(delivered[has] - t0).astype(np.int64)
+    bucket = np.trunc(delivered[has] - t0)
     ok = (bucket >= 0) & (bucket < num_buckets)
-    tokens = np.bincount(bucket[ok], weights=tokens_per_step[has][ok], minlength=num_buckets)
-    # concurrency: +1 in every second from the send second to the completion second
-    a = np.trunc(start - t0).astype(np.int64)
-    b = np.trunc(end - t0).astype(np.int64)
-    conc = np.bincount(a, minlength=num_buckets + 1) - np.bincount(b + 1, minlength=num_buckets + 1)
-    return float(tokens.max()), int(np.cumsum(conc).max())
+    _, slot = np.unique(bucket[ok], return_inverse=True)
+    tokens = np.bincount(slot, weights=tokens_per_step[has][ok])
+    # concurrency: +1 in every second from the send second to the completion second, i.e. +1
+    # at the send second and -1 one second after the completion second
+    points = np.concatenate((np.trunc(start - t0), np.trunc(end - t0) + 1))
+    deltas = np.concatenate((np.ones(len(start), np.int64), -np.ones(len(end), np.int64)))
+    at, slot = np.unique(points, return_inverse=True)
+    conc = np.cumsum(np.bincount(slot, weights=deltas, minlength=len(at)))
+    peak_tokens = float(tokens.max()) if len(tokens) else 0.0
+    return peak_tokens, int(conc.max())  # exact: integer counts in float64

@@ -173,3 +173,18 @@ def test_empty_run_summarizes_to_zeros():
     assert s["completed"] == 0 and s["mean_ttft_ms"] == 0.0
     assert s["diagnosis"]["verdict"] == "healthy"
     json.dumps(s, allow_nan=True)
+
+
+def test_peaks_of_a_run_spanning_more_seconds_than_an_array_could_hold() -> None:
+    from sim.config import SimConfig
+    from sim.runtime import run_simulation
+    from sim.workload import WorkloadConfig
+
+    cfg = SimConfig(workload=WorkloadConfig(num_prompts=3, request_rate=1e-12,
+                                            random_input_len=64, random_output_len=5))
+    tables = build_tables(run_simulation(cfg).event_log)
+    span_s = tables.requests["last_token_delivered_s"].max() - tables.requests["arrival_s"].min()
+    assert span_s > 1e12  # ≈ 3 × 10^12 one-second buckets if they were dense
+    s = summarize(tables, {})
+    assert s["max_concurrent_requests"] == 1
+    assert s["max_output_tokens_per_s"] == 5.0  # one request's tokens all land in one second
