@@ -337,6 +337,13 @@ def resolve_engine_config(cfg: SimConfig) -> EngineConfig:
         num_blocks = cfg.num_gpu_blocks
     else:
         cap = kv_capacity(cfg)
+        if cap.num_gpu_blocks < 2 and cap.kv_bytes > 0:
+            raise ConfigError(
+                f"the {cap.kv_bytes / 2**30:.2f} GiB left for the KV cache per GPU hold "
+                f"{cap.num_gpu_blocks} block(s) of {e.block_size} tokens "
+                f"({cap.bytes_per_block / 2**20:.1f} MiB each); at least 2 are needed "
+                "(block 0 is the reserved null block): lower block_size"
+            )
         if cap.num_gpu_blocks < 2:
             raise ConfigError(
                 f"{m.name} does not fit on {cfg.tensor_parallel_size} x {cfg.gpu}: weights "

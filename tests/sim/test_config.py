@@ -77,6 +77,10 @@ def test_dict_round_trip_and_unknown_keys() -> None:
         (["--num-gpu-blocks-override", "10", "--max-model-len", "4096"], "needs 256 KV blocks"),
         (["--max-num-seqs", "0"], "max_num_seqs must be a positive integer"),
         (["--model", "meta-llama/Llama-3.1-70B", "--gpu", "a100-80gb"], "does not fit"),
+        (["--block-size", "1000000"], "hold 0 block.*of 1000000 tokens.*lower block_size"),
+        (["--seed", "-1"], "seed must be >= 0, got -1"),
+        (["--max-model-len", "0"], "max_model_len must be >= 2 tokens"),
+        (["--num-gpu-blocks-override", "0"], "num_gpu_blocks must be >= 2"),
     ],
 )
 def test_simulate_bad_input_is_one_line(argv: list[str], match: str,
