@@ -29,6 +29,10 @@ from sim.workload import WorkloadConfig
 #: Upper bound of any one front-end cost or latency (one day): larger values are typos, and
 #: would overflow the simulated clock.
 MAX_COST_S = 86400.0
+#: Most simulated engines behind one front end, and most KV blocks per engine (each engine
+#: keeps a few lists of num_gpu_blocks entries): beyond these a run exhausts memory.
+MAX_DATA_PARALLEL = 1024
+MAX_GPU_BLOCKS = 100_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,12 +155,19 @@ class SimConfig:
                 f"num_gpu_blocks must be >= 2 (block 0 is the reserved null block), "
                 f"got {self.num_gpu_blocks}"
             )
+        if self.num_gpu_blocks is not None and self.num_gpu_blocks > MAX_GPU_BLOCKS:
+            raise ConfigError(
+                f"num_gpu_blocks must be <= {MAX_GPU_BLOCKS:,}, got {self.num_gpu_blocks}"
+            )
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ConfigError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
             )
-        if self.data_parallel_size < 1:
-            raise ConfigError(f"data_parallel_size must be >= 1, got {self.data_parallel_size}")
+        if not 1 <= self.data_parallel_size <= MAX_DATA_PARALLEL:
+            raise ConfigError(
+                f"data_parallel_size must be in [1, {MAX_DATA_PARALLEL}] (one simulated engine "
+                f"each), got {self.data_parallel_size}"
+            )
         from sim.cluster import ROUTERS
 
         if self.router not in ROUTERS:

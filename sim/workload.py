@@ -39,6 +39,9 @@ from engine.core.config import INFINITE_OK
 from sim.traces import MOONCAKE_BLOCK_TOKENS, TRACES, WorkloadError, load_trace
 
 DatasetName = Literal["random", "prefix_repetition", "trace"]
+#: Bounds beyond which a workload cannot be held (numpy int64 lengths; memory per request).
+MAX_PROMPTS = 100_000_000
+MAX_TOKENS = 2**40
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +85,16 @@ class WorkloadConfig:
             )
         if self.num_prompts < 1:
             bad(f"num_prompts must be >= 1, got {self.num_prompts}")
+        if self.num_prompts > MAX_PROMPTS:
+            bad(
+                f"num_prompts must be <= {MAX_PROMPTS:,} (a run keeps per-request records: "
+                f"≈ 1.7 GB peak per million requests), got {self.num_prompts}"
+            )
+        for name in ("random_input_len", "random_output_len", "random_prefix_len",
+                     "prefix_repetition_prefix_len", "prefix_repetition_suffix_len",
+                     "prefix_repetition_output_len"):
+            if getattr(self, name) > MAX_TOKENS:
+                bad(f"{name} must be <= {MAX_TOKENS:,} tokens, got {getattr(self, name)}")
         if not self.request_rate > 0:
             bad(f"request_rate must be > 0 (or inf), got {self.request_rate}")
         if not self.burstiness > 0:

@@ -81,6 +81,11 @@ def test_dict_round_trip_and_unknown_keys() -> None:
         (["--seed", "-1"], "seed must be >= 0, got -1"),
         (["--max-model-len", "0"], "max_model_len must be >= 2 tokens"),
         (["--num-gpu-blocks-override", "0"], "num_gpu_blocks must be >= 2"),
+        (["--num-gpu-blocks-override", str(10**12)], "num_gpu_blocks must be <= 100,000,000"),
+        (["-dp", "10000"], r"data_parallel_size must be in \[1, 1024\]"),
+        (["--num-prompts", str(3 * 10**9)], "num_prompts must be <= 100,000,000"),
+        (["--dataset-name", "random", "--random-input-len", str(10**20)],
+         "random_input_len must be <= 1,099,511,627,776 tokens"),
     ],
 )
 def test_simulate_bad_input_is_one_line(argv: list[str], match: str,
