@@ -103,6 +103,8 @@ def _plan(args: argparse.Namespace) -> int:
     from experiments.sweep import ResultCache
     from experiments.sweep_report import markdown_table
 
+    if args.top < 1:
+        raise UserError(f"--top must be >= 1, got {args.top}")
     spec = build_spec(args)
     from experiments.reporting import prepare_out_dir
 
@@ -126,6 +128,12 @@ def _plan(args: argparse.Namespace) -> int:
     df = plan_rows(spec, ev, outcomes)
     workload = json.dumps(spec.base.get("workload", {}))
     write_plan(spec, df, probe_rows(ev), out, workload)
+    if all(o.capacity is None for o in outcomes):
+        raise UserError(
+            f"no candidate layout can run ({outcomes[0].candidate.label}: {outcomes[0].error}"
+            + (f"; and {len(outcomes) - 1} more" if len(outcomes) > 1 else "")
+            + f"); see {out / 'plan.md'}"
+        )
     print(markdown_table(shown(df).head(args.top)))
     print(f"{ev.num_sims} simulation(s) run; plan: {out / 'plan.md'} (+ plan.csv, probes.csv)",
           file=sys.stderr)

@@ -330,6 +330,17 @@ def _parse_report(raw: Any, errors: list[str]) -> dict[str, Any]:
     if bad:
         errors.append(f"unknown key(s) {', '.join(bad)} in [report]; valid: "
                       f"{', '.join(REPORT_KEYS)}")
+    for key in ("goodput", "percentiles", "percentile_metrics"):
+        value = raw.get(key)
+        if value is not None and not isinstance(value, list | tuple) and not (
+            key == "goodput" and isinstance(value, Mapping)
+        ):
+            errors.append(
+                f"[report] {key} must be a list"
+                + (' (e.g. ["ttft:500", "tpot:50"]) or a table' if key == "goodput" else "")
+                + f", got {value!r}"
+            )
+            return report
     try:
         if "goodput" in raw:
             goodput = raw["goodput"]

@@ -35,6 +35,7 @@ from experiments.capacity import CapacityResult, RateProbe, SearchSettings, find
 from experiments.expfile import full_config, set_key, set_seed
 from experiments.records import effective_attainment
 from experiments.sweep import ResultCache, make_task, run_tasks
+from sim.hardware import get_gpu
 
 CostModelFactory = Callable[[Any], CostModel]  # SimConfig -> CostModel
 
@@ -83,13 +84,18 @@ class PlanSpec:
             raise UserError("plan needs at least one GPU, TP size, DP size and seed")
         if any(n < 1 for n in (*self.tp_sizes, *self.dp_sizes)):
             raise UserError("TP and DP sizes must be >= 1")
+        if any(tp & (tp - 1) for tp in self.tp_sizes):
+            raise UserError(f"TP sizes must be powers of two, got {list(self.tp_sizes)}")
+        if not str(self.base.get("cost_model", "")).startswith("fitted:"):
+            for gpu in self.gpus:  # names outside the catalog only label a fitted model's runs
+                get_gpu(gpu)
         if not self.slos_ms:
             raise UserError("plan needs at least one SLO, e.g. --slo ttft:500 tpot:50")
         if not 0 < self.attainment <= 1:
             raise UserError(f"attainment must be in (0, 1] (or a percentage), got "
                             f"{self.attainment}")
-        if self.target_rate is not None and not self.target_rate > 0:
-            raise UserError(f"target rate must be > 0, got {self.target_rate}")
+        if self.target_rate is not None and not 0 < self.target_rate < math.inf:
+            raise UserError(f"target rate must be a finite number > 0, got {self.target_rate}")
         if self.max_replicas < 1:
             raise UserError(f"max replicas must be >= 1, got {self.max_replicas}")
         unknown = sorted(set(self.gpu_prices) - set(self.gpus))

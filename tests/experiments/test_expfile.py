@@ -162,3 +162,7 @@ def test_report_options_are_parsed() -> None:
     assert spec.report["percentiles"] == [50.0, 99.0]
     with pytest.raises(ExperimentError, match="goodput"):
         _spec("[report]\ngoodput = ['latency:5']\n")
+    with pytest.raises(ExperimentError, match=r"\[report\] goodput must be a list .* got 5"):
+        _spec("[report]\ngoodput = 5\n")
+    with pytest.raises(ExperimentError, match=r"\[report\] percentiles must be a list, got 99"):
+        _spec("[report]\npercentiles = 99\n")

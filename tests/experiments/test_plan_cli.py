@@ -40,9 +40,24 @@ def test_plan_writes_ranked_outputs(tmp_path: Path, capsys: pytest.CaptureFixtur
     (["--knob", "max_num_seqs"], "invalid --knob"),
     (["--gpu-price", "b200=9"], "--gpu-price for GPU(s) not planned: b200"),
     (["--attainment", "0"], "attainment must be in (0, 1]"),
+    (["--gpus", "b200"], "unknown GPU 'b200'; valid: a100-80gb, h100-sxm, h200-sxm"),
+    (["--tp", "3"], "TP sizes must be powers of two, got [3]"),
+    (["--target-rate", "inf"], "target rate must be a finite number > 0, got inf"),
+    (["--top", "0"], "--top must be >= 1, got 0"),
 ])
 def test_bad_plan_input_is_one_line(args: list[str], message: str,
                                     capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "--gpus", "h100-sxm", *args, *TINY]) == 2
     err = capsys.readouterr().err
     assert err.startswith("twinserve: error: ") and message in err
+
+
+def test_a_plan_where_no_candidate_can_run_is_an_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = main(["plan", "--model", "meta-llama/Llama-3.1-70B", "--gpus", "a100-80gb",
+               "--slo", "ttft:500", "--out", str(tmp_path / "plan"), *TINY])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "twinserve: error: no candidate layout can run (a100-80gb tp1 dp1: " in err
+    assert "does not fit" in err and (tmp_path / "plan" / "plan.md").exists()
