@@ -25,7 +25,11 @@ def parse_goodput(pairs: Iterable[str] | None) -> dict[str, float]:
     for pair in pairs or ():
         try:
             name, value = pair.split(":")
+            if name in out:
+                raise ReportError(f"goodput SLO {name!r} given twice ({pair!r})")
             out[name] = float(value)
+        except ReportError:
+            raise
         except ValueError as err:
             raise ReportError(
                 f"invalid goodput SLO {pair!r}: give KEY:VALUE pairs such as ttft:500, where "

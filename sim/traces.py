@@ -53,6 +53,8 @@ def resolve_trace_path(path: str) -> Path:
     if path in TRACES:
         return TRACES[path]
     p = Path(path)
+    if p.is_dir():
+        raise WorkloadError(f"trace {path!r} is a directory: give a trace file")
     if not p.is_file():
         raise WorkloadError(
             f"trace file {path!r} not found (give a path or one of {', '.join(TRACES)})"
@@ -76,6 +78,13 @@ def _positive_ints(values: list[str] | list[int], path: Path, column: str) -> np
         raise WorkloadError(f"{path}: column {column} holds a non-number ({exc})") from None
     with np.errstate(invalid="ignore"):
         ok = np.abs(floats) < 2.0**62  # False for NaN and infinities too
+        whole = ok & (floats == np.trunc(floats))
+    if ok.all() and not whole.all():
+        bad = int(np.argmin(whole))
+        raise WorkloadError(
+            f"{path}: column {column} holds a token count that is not a whole number "
+            f"({values[bad]}, request {bad})"
+        )
     if not ok.all():
         bad = int(np.argmin(ok))
         raise WorkloadError(

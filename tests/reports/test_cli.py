@@ -42,6 +42,7 @@ def test_report_rebuilds_from_files(run_dir, capsys):
     (["--goodput", "ttft=30"], "KEY:VALUE"),
     (["--goodput", "ttfb:30"], "valid names are ttft, tpot, e2el"),
     (["--goodput", "ttft:-1"], "non-negative"),
+    (["--goodput", "ttft:100", "ttft:200"], "goodput SLO 'ttft' given twice ('ttft:200')"),
     (["--metric-percentiles", "50,abc"], "comma-separated numbers"),
     (["--percentile-metrics", "ttft,foo"], "valid names are ttft, tpot, itl, e2el"),
 ])

@@ -113,6 +113,8 @@ def test_trace_lengths_with_synthetic_arrivals(tmp_path: Path) -> None:
          r"num_decode_tokens holds a non-finite or too large number \(nan, request 0\)"),
         ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46+00:00,3,4\n"
          "2023-11-16 18:15:47,3,4\n", "TIMESTAMP mixes times with and without a UTC offset"),
+        ("arrived_at,num_prefill_tokens,num_decode_tokens\n1,5.7,3\n",
+         r"num_prefill_tokens holds a token count that is not a whole number \(5.7, request 0\)"),
         ("arrived_at,num_prefill_tokens,num_decode_tokens\n1,2,3\n1,1e30,3\n",
          r"num_prefill_tokens holds a non-finite or too large number \(1e\+30, request 1\)"),
     ],
@@ -122,6 +124,11 @@ def test_bad_trace_files(tmp_path: Path, content: str, match: str) -> None:
     f.write_text(content)
     with pytest.raises(WorkloadError, match=match):
         load_trace(str(f))
+
+
+def test_a_directory_is_not_a_trace(tmp_path: Path) -> None:
+    with pytest.raises(WorkloadError, match="is a directory: give a trace file"):
+        load_trace(str(tmp_path))
 
 
 def test_binary_mooncake_file(tmp_path: Path) -> None:
