@@ -63,7 +63,7 @@ def _run_real(args: argparse.Namespace) -> int:
 
     from engine.llm import EngineArgs
     from experiments.real_run import run_real
-    from experiments.reporting import finish_run, prepare_out_dir
+    from experiments.reporting import finish_run, prepare_out_dir, report_options
     from sim.workload import WorkloadConfig, build_workload
 
     if args.cpu_threads:
@@ -73,6 +73,7 @@ def _run_real(args: argparse.Namespace) -> int:
     workload_cfg = WorkloadConfig(**workload_dict_from_args(args))
     workload = build_workload(workload_cfg)
     workload = dataclasses.replace(workload, extra={"seed": workload_cfg.seed})
+    report_options(args)  # a bad report flag fails now, not after the run
     out_dir = prepare_out_dir(Path(args.out) if args.out else default_out_dir("real"))
     engine = EngineArgs(model=args.model, **_engine_kwargs(args)).build()
     t0 = time.perf_counter()

@@ -79,8 +79,9 @@ def _simulate(args: argparse.Namespace) -> int:
 
     base = load_experiment_file(args.config) if args.config else {}
     cfg = SimConfig.from_dict(config_dict_from_args(args, base))
-    from experiments.reporting import finish_run, prepare_out_dir
+    from experiments.reporting import finish_run, prepare_out_dir, report_options
 
+    report_options(args)  # a bad report flag fails now, not after the run
     out_dir = prepare_out_dir(Path(args.out) if args.out else default_out_dir())
     progress = args.progress if args.progress is not None else sys.stderr.isatty()
     result = run_simulation(cfg, progress=progress)

@@ -1,7 +1,8 @@
 """The common tail of every run (simulated or real): write the run directory and print results.
 
 Parses the vllm-bench-style result flags (``--goodput KEY:MS …``, ``--metric-percentiles``,
-``--percentile-metrics``) and hands the event log to ``reports.run_dir.write_run_dir``.
+``--percentile-metrics``) with ``reports.options`` and hands the tables to
+``reports.run_dir.write_run_dir_from_tables``.
 """
 
 from __future__ import annotations
@@ -17,50 +18,21 @@ from engine.core.errors import UserError
 if TYPE_CHECKING:
     from reports.tables import RunTables
 
-GOODPUT_KEYS = ("ttft", "tpot", "e2el")
-PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")
+def report_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The summary options of ``--goodput``, ``--metric-percentiles`` and
+    ``--percentile-metrics`` (parsed by ``reports.options``, as ``report`` parses them).
+    Call it before a run starts: a bad flag then costs nothing."""
+    from reports.errors import ReportError
+    from reports.options import parse_goodput, parse_percentile_metrics, parse_percentiles
 
-
-def parse_goodput(items: list[str] | None) -> dict[str, float] | None:
-    """``["ttft:500", "tpot:50"]`` -> {"ttft": 500.0, "tpot": 50.0} (milliseconds)."""
-    if not items:
-        return None
-    out: dict[str, float] = {}
-    for item in items:
-        key, sep, value = item.partition(":")
-        if not sep or key not in GOODPUT_KEYS:
-            raise UserError(
-                f"invalid --goodput entry {item!r}: use KEY:MS with KEY in "
-                f"{', '.join(GOODPUT_KEYS)}"
-            )
-        try:
-            ms = float(value)
-        except ValueError:
-            raise UserError(f"invalid --goodput value in {item!r}: not a number") from None
-        if ms < 0:
-            raise UserError(f"invalid --goodput value in {item!r}: must be >= 0")
-        out[key] = ms
-    return out
-
-
-def parse_percentiles(text: str) -> list[float]:
     try:
-        values = [float(p) for p in text.split(",") if p.strip()]
-    except ValueError:
-        raise UserError(f"invalid --metric-percentiles {text!r}: comma-separated numbers") from None
-    if not values or any(not 0 < p < 100 for p in values):
-        raise UserError(f"invalid --metric-percentiles {text!r}: each must be in (0, 100)")
-    return values
-
-
-def parse_metrics(text: str) -> list[str]:
-    names = [m.strip() for m in text.split(",") if m.strip()]
-    bad = [m for m in names if m not in PERCENTILE_METRICS]
-    if bad or not names:
-        raise UserError(
-            f"invalid --percentile-metrics {text!r}: choose from {', '.join(PERCENTILE_METRICS)}"
-        )
-    return names
+        return {
+            "goodput": parse_goodput(args.goodput) if args.goodput else None,
+            "percentiles": parse_percentiles(args.metric_percentiles),
+            "percentile_metrics": parse_percentile_metrics(args.percentile_metrics),
+        }
+    except ReportError as exc:
+        raise UserError(str(exc)) from None
 
 
 def prepare_out_dir(path: Path) -> Path:
@@ -97,9 +69,7 @@ def finish_run(
             out_dir,
             tables,
             meta,
-            goodput=parse_goodput(args.goodput),
-            percentiles=parse_percentiles(args.metric_percentiles),
-            percentile_metrics=parse_metrics(args.percentile_metrics),
+            **report_options(args),
             plots=not args.no_plots,
             file_format=args.format,
         )

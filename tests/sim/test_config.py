@@ -79,6 +79,9 @@ def test_dict_round_trip_and_unknown_keys() -> None:
         (["--model", "meta-llama/Llama-3.1-70B", "--gpu", "a100-80gb"], "does not fit"),
         (["--block-size", "1000000"], "hold 0 block.*of 1000000 tokens.*lower block_size"),
         (["--seed", "-1"], "seed must be >= 0, got -1"),
+        # report flags are checked before the run, with the parser `report` uses
+        (["--goodput", "ttft:nan"], "invalid goodput value ttft:nan"),
+        (["--metric-percentiles", "50,,99"], "invalid percentile ''"),
         (["--max-model-len", "0"], "max_model_len must be >= 2 tokens"),
         (["--num-gpu-blocks-override", "0"], "num_gpu_blocks must be >= 2"),
         (["--num-gpu-blocks-override", str(10**12)], "num_gpu_blocks must be <= 100,000,000"),
