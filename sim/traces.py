@@ -103,6 +103,9 @@ def load_trace(path_or_name: str) -> TraceRows:
         with open(path, newline="") as f:
             reader = csv.reader(f)
             header = [h.strip() for h in next(reader, [])]
+            repeated = sorted({h for h in header if h and header.count(h) > 1})
+            if repeated:
+                raise WorkloadError(f"{path}: column(s) {', '.join(repeated)} appear twice")
             is_azure = "TIMESTAMP" in header or "ContextTokens" in header
             if is_azure:
                 _require_columns(path, header, AZURE_COLUMNS, "Azure")
@@ -158,7 +161,13 @@ def _load_mooncake(path: Path) -> TraceRows:
                 try:
                     row = json.loads(line)
                     stamps.append(float(row["timestamp"]) / 1000.0)
-                    lengths = (int(row["input_length"]), int(row["output_length"]))
+                    raw = (row["input_length"], row["output_length"])
+                    if any(
+                        isinstance(v, bool) or (isinstance(v, float) and not v.is_integer())
+                        for v in raw
+                    ):
+                        raise ValueError(f"lengths must be whole numbers, got {raw}")
+                    lengths = (int(raw[0]), int(raw[1]))
                     if max(abs(n) for n in lengths) >= 2**62:
                         raise ValueError(f"length out of range: {lengths}")
                     prompt.append(lengths[0])
