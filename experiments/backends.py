@@ -124,8 +124,19 @@ class RayBackend:
             self._ray.shutdown()
 
 
+#: Most parallel workers a sweep or plan may ask for (each is a process or a Ray task slot).
+MAX_JOBS = 1024
+
+
+def check_jobs(jobs: int | None) -> None:
+    """Refuse a worker count no machine could start (checked before any work)."""
+    if jobs is not None and jobs > MAX_JOBS:
+        raise UserError(f"--jobs must be <= {MAX_JOBS}, got {jobs}")
+
+
 def make_backend(name: str, jobs: int | None, ray_address: str | None = None) -> Backend:
     """``process`` with ``jobs`` workers (1 = inline, None = all CPUs) or ``ray``."""
+    check_jobs(jobs)
     if name == "process":
         n = jobs if jobs is not None else (os.cpu_count() or 1)
         return InlineBackend() if n == 1 else PoolBackend(n)

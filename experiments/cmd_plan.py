@@ -105,6 +105,11 @@ def _plan(args: argparse.Namespace) -> int:
 
     if args.top < 1:
         raise UserError(f"--top must be >= 1, got {args.top}")
+    from experiments.backends import check_jobs
+
+    check_jobs(args.jobs)
+    if not 1 <= args.seeds <= 1000:
+        raise UserError(f"--seeds must be in [1, 1000], got {args.seeds}")
     spec = build_spec(args)
     from experiments.reporting import prepare_out_dir
 

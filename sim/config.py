@@ -32,6 +32,7 @@ MAX_COST_S = 86400.0
 #: Most simulated engines behind one front end, and most KV blocks per engine (each engine
 #: keeps a few lists of num_gpu_blocks entries): beyond these a run exhausts memory.
 MAX_DATA_PARALLEL = 1024
+MAX_API_SERVERS = 100_000
 MAX_GPU_BLOCKS = 100_000_000
 
 
@@ -74,8 +75,10 @@ class FrontendConfig:
         return self.idle_wakeup_s * idle_s / ramp
 
     def __post_init__(self) -> None:
-        if self.num_api_servers < 1:
-            raise ConfigError(f"num_api_servers must be >= 1, got {self.num_api_servers}")
+        if not 1 <= self.num_api_servers <= MAX_API_SERVERS:
+            raise ConfigError(
+                f"num_api_servers must be in [1, {MAX_API_SERVERS:,}], got {self.num_api_servers}"
+            )
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if f.name != "num_api_servers" and not 0 <= value <= MAX_COST_S:

@@ -42,6 +42,7 @@ DatasetName = Literal["random", "prefix_repetition", "trace"]
 #: Bounds beyond which a workload cannot be held (numpy int64 lengths; memory per request).
 MAX_PROMPTS = 100_000_000
 MAX_TOKENS = 2**40
+MAX_SPAN_S = 1e15  # longest arrival span a float64 clock still resolves to ~0.1 s
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,12 +209,21 @@ def synthetic_send_times(n: int, rate: float, burstiness: float, seed: int) -> n
 # -- builders ------------------------------------------------------------------------------------
 def build_workload(cfg: WorkloadConfig) -> Workload:
     """The workload ``cfg`` describes (deterministic in ``cfg.seed``)."""
-    if cfg.dataset_name == "random":
-        w = _random(cfg)
-    elif cfg.dataset_name == "prefix_repetition":
-        w = _prefix_repetition(cfg)
-    else:
-        w = _trace(cfg)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        if cfg.dataset_name == "random":
+            w = _random(cfg)
+        elif cfg.dataset_name == "prefix_repetition":
+            w = _prefix_repetition(cfg)
+        else:
+            w = _trace(cfg)
+    send = w.send_time_s
+    if len(send) and not (np.isfinite(send).all() and float(send.max()) <= MAX_SPAN_S):
+        raise WorkloadError(
+            f"the arrival times overflow or span more than {MAX_SPAN_S:g} s (last send at "
+            f"{float(np.nanmax(send)) if np.isfinite(send).any() else float('nan')} s): "
+            f"request_rate ({cfg.request_rate}) or trace_time_scale ({cfg.trace_time_scale}) "
+            "is too small"
+        )
     if cfg.priority_mix:
         rng = np.random.default_rng(cfg.seed + 7919)
         prios = np.array([p for p, _ in cfg.priority_mix], dtype=np.int64)

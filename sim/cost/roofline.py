@@ -53,8 +53,11 @@ class RooflineParams:
                 raise ConfigError(f"{name} must be a finite number >= 0, got {value}")
         if self.activation_bytes < 1:
             raise ConfigError(f"activation_bytes must be >= 1, got {self.activation_bytes}")
-        if not 0 < self.attention_compute_efficiency <= 1:
-            raise ConfigError("attention_compute_efficiency must be in (0, 1]")
+        if not 1e-3 <= self.attention_compute_efficiency <= 1:
+            raise ConfigError(
+                "attention_compute_efficiency must be in [0.001, 1], got "
+                f"{self.attention_compute_efficiency}"
+            )
 
 
 class RooflineCostModel:

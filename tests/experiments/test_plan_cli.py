@@ -61,3 +61,15 @@ def test_a_plan_where_no_candidate_can_run_is_an_error(
     assert rc == 2
     assert "twinserve: error: no candidate layout can run (a100-80gb tp1 dp1: " in err
     assert "does not fit" in err and (tmp_path / "plan" / "plan.md").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--seeds", str(10**20)], "--seeds must be in [1, 1000]"),
+    (["-j", "100000"], "--jobs must be <= 1024, got 100000"),
+])
+def test_oversized_counts_are_refused(args: list[str], message: str, tmp_path: Path,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    # after TINY, so that these values win over its --seeds 1 and -j 1
+    assert main(["plan", "--gpus", "h100-sxm", "--out", str(tmp_path), *TINY, *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("twinserve: error: ") and message in err
