@@ -22,14 +22,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import pandas as pd
 
-from engine.core.events import EventLog
+from engine.core.events import STEP_COLUMNS, EventLog
 from reports.errors import ReportError
 from reports.meta import read_json, token_budget, write_json
 from reports.metrics import summarize
 from reports.stats import DEFAULT_PERCENTILE_METRICS, DEFAULT_PERCENTILES
-from reports.tables import RunTables, build_tables
+from reports.tables import STAGE_COLUMNS, RunTables, build_tables
 
 TABLES: tuple[str, ...] = ("requests", "steps", "token_runs")
 FileFormat = Literal["parquet", "csv"]
@@ -72,6 +73,34 @@ def write_tables(out_dir: str | Path, tables: RunTables, file_format: FileFormat
 
 
 def _read_table(d: Path, name: str) -> pd.DataFrame:
+    """One table of a run directory, refused by name if it cannot be read or lacks the
+    columns this version writes (a damaged or foreign file is a ``ReportError``)."""
+    try:
+        df = _read_table_file(d, name)
+    except ReportError:
+        raise
+    except Exception as exc:  # pyarrow, pandas, OS and decoding errors of a damaged file
+        raise ReportError(
+            f"{d}: the {name} table cannot be read ({type(exc).__name__}: {exc})"
+        ) from None
+    missing = [c for c in REQUIRED_COLUMNS[name] if c not in df]
+    if missing:
+        raise ReportError(f"{d}: the {name} table lacks column(s) {', '.join(missing)}")
+    return df
+
+
+#: Columns every run directory's tables have (what ``reports.tables`` builds and reads).
+REQUIRED_COLUMNS: dict[str, tuple[str, ...]] = {
+    "requests": (
+        "req_index", "req_id", "success", "finish_reason", "num_prompt_tokens",
+        "num_output_tokens", "arrival_s", "first_token_delivered_s", "last_token_delivered_s",
+    ),
+    "steps": ("step_id", *STEP_COLUMNS[1:], "delivered_time_s"),
+    "token_runs": ("req_index", "first_step", "num_tokens"),
+}
+
+
+def _read_table_file(d: Path, name: str) -> pd.DataFrame:
     parquet, csv = d / f"{name}.parquet", d / f"{name}.csv"
     if parquet.exists():
         return pd.read_parquet(parquet)
@@ -98,9 +127,65 @@ def load_run_dir(run_dir: str | Path) -> tuple[dict[str, Any], RunTables]:
     config = d / "config.json"
     if not config.exists():
         raise ReportError(f"{d} is not a run directory: it has no config.json")
-    meta = read_json(config)
+    meta = read_json_object(config)
+    for key in ("config", "stats", "workload", "engine_config", "reject_reasons"):
+        if not isinstance(meta.get(key) or {}, dict):
+            raise ReportError(f"{config}: {key!r} must be an object, got {meta[key]!r:.60}")
+    for key, value in meta.get("config", {}).items():
+        if key in ("engine", "frontend", "workload", "roofline", "scheduler", "cache") and not (
+            value is None or isinstance(value, dict)
+        ):
+            raise ReportError(f"{config}: config.{key} must be an object, got {value!r:.60}")
     tables = RunTables(*(_read_table(d, name) for name in TABLES))
+    check_tables(d, tables)
     return meta, tables
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A run directory's JSON file, which must hold an object."""
+    try:
+        value = read_json(path)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError is a ValueError
+        raise ReportError(f"{path} cannot be read as JSON ({type(exc).__name__}: {exc})") from None
+    if not isinstance(value, dict):
+        raise ReportError(f"{path} must hold a JSON object, got {value!r:.60}")
+    return value
+
+
+def check_tables(d: Path, tables: RunTables) -> None:
+    """The cross-table facts every report relies on: requests numbered 0..n-1, token runs of
+    known requests and steps, numeric times; a table that breaks them is refused."""
+    req, steps, runs = tables.requests, tables.steps, tables.token_runs
+    n = len(req)
+    if n == 0:
+        raise ReportError(f"{d}: the requests table has no rows")
+    bad_cols = [
+        f"{name}.{c}" for name, df in (("requests", req), ("steps", steps), ("token_runs", runs))
+        for c in REQUIRED_COLUMNS[name]
+        if c not in ("req_id", "finish_reason", "admission_blocker", "success")
+        and not pd.api.types.is_numeric_dtype(df[c])
+    ]
+    if bad_cols:
+        raise ReportError(f"{d}: non-numeric column(s) {', '.join(bad_cols)}")
+    if not (req["req_index"].to_numpy() == np.arange(n)).all():
+        raise ReportError(f"{d}: requests.req_index must number the rows 0..{n - 1}")
+    ids = steps["step_id"].to_numpy()
+    if len(ids) and (ids.min() < 0 or len(np.unique(ids)) != len(ids)):
+        raise ReportError(f"{d}: steps.step_id must be distinct and >= 0")
+    if len(runs):
+        r, first, count = (runs[c].to_numpy() for c in ("req_index", "first_step", "num_tokens"))
+        known = set(ids.tolist())
+        if (r < 0).any() or (r >= n).any():
+            raise ReportError(f"{d}: token_runs.req_index outside the requests table")
+        if (count < 1).any() or (first < 0).any():
+            raise ReportError(f"{d}: token_runs need first_step >= 0 and num_tokens >= 1")
+        last = first + count - 1
+        if not (np.isin(first, list(known)).all() and np.isin(last, list(known)).all()):
+            raise ReportError(f"{d}: token_runs refer to steps the steps table does not have")
+    stage = [c for c in STAGE_COLUMNS if c in req]  # absolute times: NaN (never reached) or >= 0
+    values = req[stage].to_numpy(dtype=np.float64)
+    if np.isinf(values).any() or (values < 0).any():
+        raise ReportError(f"{d}: the requests table holds negative or infinite stage times")
 
 
 def write_report_files(
@@ -201,7 +286,9 @@ def rebuild_report(
     meta, tables = load_run_dir(d)
     previous: Mapping[str, Any] = {}
     if (d / "summary.json").exists():
-        previous = read_json(d / "summary.json").get("report_options") or {}
+        previous = read_json_object(d / "summary.json").get("report_options") or {}
+        if not isinstance(previous, dict):
+            raise ReportError(f"{d / 'summary.json'}: report_options must be an object")
     return write_report_files(
         d, tables, meta,
         goodput=previous.get("goodput") if goodput is None else goodput,

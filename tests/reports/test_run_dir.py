@@ -118,6 +118,66 @@ def test_load_errors_are_report_errors(tmp_path):
         load_run_dir(tmp_path)
 
 
+def _damage(d, how):
+    """Apply one kind of damage to the run directory ``d``."""
+    if how == "garbage parquet":
+        (d / "requests.parquet").write_bytes(b"not parquet")
+    elif how == "table is a directory":
+        (d / "steps.parquet").unlink()
+        (d / "steps.parquet").mkdir()
+    elif how == "dropped column":
+        df = pd.read_parquet(d / "token_runs.parquet")
+        df.drop(columns=["first_step"]).to_parquet(d / "token_runs.parquet")
+    elif how == "text times":
+        df = pd.read_parquet(d / "requests.parquet")
+        df["arrival_s"] = df["arrival_s"].astype(str)
+        df.to_parquet(d / "requests.parquet")
+    elif how == "no requests":
+        pd.read_parquet(d / "requests.parquet").iloc[:0].to_parquet(d / "requests.parquet")
+    elif how in ("run of an unknown request", "negative run", "run past the steps"):
+        df = pd.read_parquet(d / "token_runs.parquet")
+        col, value = {"run of an unknown request": ("req_index", 10**9),
+                      "negative run": ("num_tokens", -3),
+                      "run past the steps": ("num_tokens", 10**12)}[how]
+        df.loc[0, col] = value
+        df.to_parquet(d / "token_runs.parquet")
+    elif how == "negative stage time":
+        df = pd.read_parquet(d / "requests.parquet")
+        df["arrival_s"] = -df["arrival_s"] - 1
+        df.to_parquet(d / "requests.parquet")
+    elif how == "config.json is a list":
+        (d / "config.json").write_text("[1]")
+    elif how == "workload is a string":
+        meta = read_json(d / "config.json")
+        (d / "config.json").write_text(json.dumps({**meta, "workload": "x"}))
+    elif how == "summary.json is null":
+        (d / "summary.json").write_text("null")
+
+
+@pytest.mark.parametrize(("how", "match"), [
+    ("garbage parquet", "the requests table cannot be read"),
+    ("table is a directory", r"the steps table lacks column\(s\) step_id"),
+    ("dropped column", r"the token_runs table lacks column\(s\) first_step"),
+    ("text times", r"non-numeric column\(s\) requests.arrival_s"),
+    ("no requests", "the requests table has no rows"),
+    ("run of an unknown request", "token_runs.req_index outside the requests table"),
+    ("negative run", "token_runs need first_step >= 0 and num_tokens >= 1"),
+    ("run past the steps", "token_runs refer to steps the steps table does not have"),
+    ("negative stage time", "negative or infinite stage times"),
+    ("config.json is a list", "must hold a JSON object"),
+    ("workload is a string", "'workload' must be an object"),
+    ("summary.json is null", "summary.json must hold a JSON object"),
+])
+def test_a_damaged_run_directory_is_named_not_a_traceback(run_dir, tmp_path, how, match):
+    import shutil
+
+    d = tmp_path / "copy"
+    shutil.copytree(run_dir[0], d)
+    _damage(d, how)
+    with pytest.raises(ReportError, match=match):
+        rebuild_report(d, plots=False)
+
+
 def test_compare_runs(run_dir, tmp_path):
     d, _ = run_dir
     other = tmp_path / "other"
