@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,13 @@ def parse_knobs(items: list[str] | None) -> tuple[tuple[str, tuple[Any, ...]], .
         if not sep or not values:
             raise UserError(f"invalid --knob {item!r}: use KEY=V1,V2 (e.g. "
                             "max_num_batched_tokens=2048,8192)")
-        knobs.append((resolve_key(key), tuple(_values(values))))
+        path = resolve_key(key)
+        if path in ("workload.request_rate", "workload.seed"):
+            raise UserError(
+                f"--knob {key}: plan searches the request rate and sets the seeds itself "
+                "(see --rate-start, --seeds)"
+            )
+        knobs.append((path, tuple(_values(values))))
     return tuple(knobs)
 
 
@@ -57,7 +64,7 @@ def parse_prices(items: list[str] | None) -> dict[str, float]:
             prices[gpu] = float(value)
         except ValueError:
             sep = ""
-        if not sep or prices.get(gpu, -1) < 0:
+        if not sep or not 0 <= prices.get(gpu, -1) < math.inf:
             raise UserError(f"invalid --gpu-price {item!r}: use GPU=USD_PER_HOUR, e.g. "
                             "h100-sxm=2.5")
     return prices

@@ -286,6 +286,10 @@ def _parse_grid(
             errors.append(f"[grid] {key} must be a non-empty list of values (one per point); "
                           "put fixed values in [base]")
             continue
+        if canonical == "workload.seed":
+            errors.append(f"[grid] {key}: give the run's seeds as seeds = [...] (every point "
+                          "runs once per seed, which would override this axis)")
+            continue
         if canonical in (k for k, _ in axes):
             errors.append(f"[grid] {key} names the same setting as another axis ({canonical})")
             continue
@@ -366,7 +370,13 @@ def with_base_overrides(spec: ExperimentSpec, pairs: Sequence[str]) -> Experimen
             value = json.loads(text)
         except json.JSONDecodeError:
             value = text
-        set_key(base, resolve_key(key), value)
+        path = resolve_key(key)
+        if path in spec.axis_keys:
+            raise ExperimentError(
+                f"--set {key}: {path} is a [grid] axis, whose values would override it; "
+                "change them in the file"
+            )
+        set_key(base, path, value)
     return dataclasses.replace(spec, base=base)
 
 

@@ -15,6 +15,7 @@ from experiments.expfile import (
     parse_experiment,
     resolve_key,
     valid_keys,
+    with_base_overrides,
 )
 
 
@@ -166,3 +167,12 @@ def test_report_options_are_parsed() -> None:
         _spec("[report]\ngoodput = 5\n")
     with pytest.raises(ExperimentError, match=r"\[report\] percentiles must be a list, got 99"):
         _spec("[report]\npercentiles = 99\n")
+
+
+def test_seed_axes_and_set_on_an_axis_are_refused() -> None:
+    with pytest.raises(ExperimentError, match=r"\[grid\] workload.seed: give the run's seeds"):
+        _spec('[grid]\n"workload.seed" = [1, 2]\nseeds = [0, 1]\n')
+    spec = _spec('[grid]\n"workload.request_rate" = [2, 4]\n')
+    with pytest.raises(ExperimentError, match=r"--set request_rate: workload.request_rate is a"):
+        with_base_overrides(spec, ["request_rate=3"])
+    assert with_base_overrides(spec, ["num_prompts=7"]).base["workload"]["num_prompts"] == 7

@@ -44,6 +44,8 @@ def test_plan_writes_ranked_outputs(tmp_path: Path, capsys: pytest.CaptureFixtur
     (["--tp", "3"], "TP sizes must be powers of two, got [3]"),
     (["--target-rate", "inf"], "target rate must be a finite number > 0, got inf"),
     (["--top", "0"], "--top must be >= 1, got 0"),
+    (["--gpu-price", "h100-sxm=nan"], "invalid --gpu-price 'h100-sxm=nan'"),
+    (["--knob", "workload.request_rate=1,2"], "plan searches the request rate"),
 ])
 def test_bad_plan_input_is_one_line(args: list[str], message: str,
                                     capsys: pytest.CaptureFixture[str]) -> None:
