@@ -160,19 +160,24 @@ def _load_mooncake(path: Path) -> TraceRows:
                     continue
                 try:
                     row = json.loads(line)
-                    stamps.append(float(row["timestamp"]) / 1000.0)
+                    stamp = row["timestamp"]
+                    if not isinstance(stamp, int | float) or isinstance(stamp, bool):
+                        raise ValueError(f"timestamp must be a number, got {stamp!r}")
+                    stamps.append(float(stamp) / 1000.0)
                     raw = (row["input_length"], row["output_length"])
-                    if any(
-                        isinstance(v, bool) or (isinstance(v, float) and not v.is_integer())
-                        for v in raw
-                    ):
+                    if not all(_is_whole(v) for v in raw):
                         raise ValueError(f"lengths must be whole numbers, got {raw}")
+                    ids = row.get("hash_ids", [])
+                    if not isinstance(ids, list) or not all(
+                        isinstance(h, int) and not isinstance(h, bool) for h in ids
+                    ):
+                        raise ValueError(f"hash_ids must be a list of integers, got {ids!r:.60}")
                     lengths = (int(raw[0]), int(raw[1]))
                     if max(abs(n) for n in lengths) >= 2**62:
                         raise ValueError(f"length out of range: {lengths}")
                     prompt.append(lengths[0])
                     output.append(lengths[1])
-                    hashes.append(tuple(int(h) for h in row.get("hash_ids", ())))
+                    hashes.append(tuple(ids))
                 except (
                     json.JSONDecodeError, KeyError, TypeError, ValueError, OverflowError
                 ) as exc:
@@ -190,6 +195,13 @@ def _load_mooncake(path: Path) -> TraceRows:
         "mooncake",
     )
     return _checked(path, rows)
+
+
+def _is_whole(v: object) -> bool:
+    """A JSON integer, or a float with no fractional part (never a bool or a string)."""
+    if isinstance(v, bool):
+        return False
+    return isinstance(v, int) or (isinstance(v, float) and v.is_integer())
 
 
 def _checked(path: Path, rows: TraceRows) -> TraceRows:
