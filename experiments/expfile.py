@@ -37,6 +37,7 @@ import dataclasses
 import difflib
 import itertools
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -237,6 +238,12 @@ def parse_experiment(
         seeds = (int(base.get("seed", 0)),)
     variants = _parse_variants(data.get("variant", []), errors)
     report = _parse_report(data.get("report", {}), errors)
+    name = data.get("name")
+    if name is not None and not (
+        isinstance(name, str) and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name)
+    ):
+        errors.append(f"name must be letters, digits, '.', '_' or '-' (it names the default "
+                      f"output directory runs/sweep-NAME), got {name!r}")
     if errors:
         raise ExperimentError("invalid experiment file:\n  " + "\n  ".join(errors))
     return ExperimentSpec(

@@ -179,6 +179,8 @@ class SimConfig:
             raise ConfigError(
                 f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}"
             )
+        if self.router_load_cap < 0:
+            raise ConfigError(f"router_load_cap must be >= 0, got {self.router_load_cap}")
         if not self.uses_catalog_labels_only:
             get_model(self.model)
             get_gpu(self.gpu)

@@ -176,3 +176,9 @@ def test_seed_axes_and_set_on_an_axis_are_refused() -> None:
     with pytest.raises(ExperimentError, match=r"--set request_rate: workload.request_rate is a"):
         with_base_overrides(spec, ["request_rate=3"])
     assert with_base_overrides(spec, ["num_prompts=7"]).base["workload"]["num_prompts"] == 7
+
+
+def test_a_name_that_would_leave_the_runs_directory_is_refused() -> None:
+    with pytest.raises(ExperimentError, match="name must be letters, digits"):
+        _spec('name = "../../tmp/evil"\n')
+    assert _spec('name = "chunked-prefill_v2.1"\n').name == "chunked-prefill_v2.1"

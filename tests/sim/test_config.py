@@ -121,6 +121,7 @@ def test_simulate_bad_input_is_one_line(argv: list[str], match: str,
         ({"num_gpu_blocks": 1}, "num_gpu_blocks must be >= 2"),
         ({"model": None}, "model must be a string, got None"),
         ({"fast_path": "no"}, "fast_path must be true or false, got 'no'"),
+        ({"router_load_cap": -1}, "router_load_cap must be >= 0, got -1"),
         ({"engine": {"block_size": 16.0}}, r"\[engine\] block_size must be an integer, got 16.0"),
         ({"engine": {"policy": 5}}, r"\[engine\] policy must be a string, got 5"),
         # NaN or infinite costs would make a run that never ends
