@@ -73,7 +73,7 @@ def _run_real(args: argparse.Namespace) -> int:
     workload_cfg = WorkloadConfig(**workload_dict_from_args(args))
     workload = build_workload(workload_cfg)
     workload = dataclasses.replace(workload, extra={"seed": workload_cfg.seed})
-    report_options(args)  # a bad report flag fails now, not after the run
+    options = report_options(args)  # parsed now: a bad flag fails before the run
     out_dir = prepare_out_dir(Path(args.out) if args.out else default_out_dir("real"))
     engine = EngineArgs(model=args.model, **_engine_kwargs(args)).build()
     t0 = time.perf_counter()
@@ -84,7 +84,8 @@ def _run_real(args: argparse.Namespace) -> int:
     }
     from reports.tables import build_tables
 
-    finish_run(tables=build_tables(result.event_log), meta=meta, out_dir=out_dir, args=args)
+    finish_run(tables=build_tables(result.event_log), meta=meta, out_dir=out_dir, args=args,
+               options=options)
     print(f"measured {len(workload)} requests in {meta['stats']['wall_time_s']:.1f} s "
           f"on {meta['device']}", file=sys.stderr)
     return 0

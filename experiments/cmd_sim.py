@@ -81,7 +81,7 @@ def _simulate(args: argparse.Namespace) -> int:
     cfg = SimConfig.from_dict(config_dict_from_args(args, base))
     from experiments.reporting import finish_run, prepare_out_dir, report_options
 
-    report_options(args)  # a bad report flag fails now, not after the run
+    options = report_options(args)  # parsed now: a bad flag fails before the run
     out_dir = prepare_out_dir(Path(args.out) if args.out else default_out_dir())
     progress = args.progress if args.progress is not None else sys.stderr.isatty()
     result = run_simulation(cfg, progress=progress)
@@ -90,7 +90,7 @@ def _simulate(args: argparse.Namespace) -> int:
     meta = run_meta(result)
     tables = build_tables(result.event_log)
     del result  # the event log is no longer needed: free it before rendering the report
-    finish_run(tables=tables, meta=meta, out_dir=out_dir, args=args)
+    finish_run(tables=tables, meta=meta, out_dir=out_dir, args=args, options=options)
     return 0
 
 

@@ -53,12 +53,18 @@ def prepare_out_dir(path: Path) -> Path:
 
 
 def finish_run(
-    *, tables: RunTables, meta: dict[str, Any], out_dir: Path, args: argparse.Namespace
+    *,
+    tables: RunTables,
+    meta: dict[str, Any],
+    out_dir: Path,
+    args: argparse.Namespace,
+    options: dict[str, Any],
 ) -> dict[str, Any]:
     """Write the run directory (tables, summary, report) and print the summary.
 
     Takes the tables (``reports.tables.build_tables(log)``) rather than the event log, so a
-    caller can let go of a large log before the report is rendered.
+    caller can let go of a large log before the report is rendered; ``options`` are
+    ``report_options(args)``, parsed by the caller before its run.
     """
     from reports.errors import ReportError
     from reports.metrics import format_summary
@@ -69,7 +75,7 @@ def finish_run(
             out_dir,
             tables,
             meta,
-            **report_options(args),
+            **options,
             plots=not args.no_plots,
             file_format=args.format,
         )
