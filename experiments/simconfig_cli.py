@@ -162,9 +162,9 @@ def config_dict_from_args(
     args: argparse.Namespace, base: dict[str, Any], sections: tuple[str | None, ...] | None = None
 ) -> dict[str, Any]:
     """Overlay the flags the user gave on ``base`` (a SimConfig dict)."""
-    for section in ("engine", "frontend", "workload", "roofline"):
-        if base.get(section) is not None and not isinstance(base[section], dict):
-            raise ConfigError(f"section {section!r} must be a table/object, got {base[section]!r}")
+    from sim.config import require_section_tables
+
+    require_section_tables(base)
     out: dict[str, Any] = {k: (dict(v) if isinstance(v, dict) else v) for k, v in base.items()}
     for dest, (section, name) in FLAG_FIELDS.items():
         if sections is not None and section not in sections:

@@ -228,28 +228,18 @@ class SimConfig:
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> SimConfig:
         values = dict(values)
-        sections = {
-            "engine": EngineKnobs,
-            "frontend": FrontendConfig,
-            "workload": WorkloadConfig,
-            "roofline": RooflineParams,
-        }
+        require_section_tables(values)
         kwargs: dict[str, Any] = {}
         if "seed" in values:  # accepted at the top level too: it is the workload's seed
             seed = values.pop("seed")
-            if not isinstance(values.get("workload") or {}, dict):
-                raise ConfigError("section 'workload' must be a table/object")
             work = dict(values.get("workload") or {})
             if "seed" in work and work["seed"] != seed:
                 raise ConfigError(f"seed given twice: {seed} (top level) and {work['seed']}")
             work["seed"] = seed
             values["workload"] = work
-        for name, sub in sections.items():
+        for name, sub in SECTIONS.items():
             if name in values:
-                raw = values.pop(name)
-                if not isinstance(raw, dict):
-                    raise ConfigError(f"section {name!r} must be a table/object")
-                raw = dict(raw)
+                raw = dict(values.pop(name))
                 if name == "workload":
                     if "request_rate" in raw:
                         raw["request_rate"] = _decode_float(raw["request_rate"])
@@ -268,6 +258,22 @@ class SimConfig:
         check_field_types(cls, values)
         kwargs.update(values)
         return cls(**kwargs)
+
+
+#: The config dataclass of each section of a ``SimConfig`` dict.
+SECTIONS: dict[str, type[Any]] = {
+    "engine": EngineKnobs,
+    "frontend": FrontendConfig,
+    "workload": WorkloadConfig,
+    "roofline": RooflineParams,
+}
+
+
+def require_section_tables(values: dict[str, Any]) -> None:
+    """Each section given in a ``SimConfig`` dict must be a table/object."""
+    for name in SECTIONS:
+        if name in values and not isinstance(values[name], dict):
+            raise ConfigError(f"section {name!r} must be a table/object, got {values[name]!r}")
 
 
 def _encode_float(x: float) -> float | str:
