@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.core.config import is_number
 from engine.core.errors import UserError
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -161,7 +162,7 @@ def _load_mooncake(path: Path) -> TraceRows:
                 try:
                     row = json.loads(line)
                     stamp = row["timestamp"]
-                    if not isinstance(stamp, int | float) or isinstance(stamp, bool):
+                    if not is_number(stamp):
                         raise ValueError(f"timestamp must be a number, got {stamp!r}")
                     stamps.append(float(stamp) / 1000.0)
                     raw = (row["input_length"], row["output_length"])
@@ -199,9 +200,7 @@ def _load_mooncake(path: Path) -> TraceRows:
 
 def _is_whole(v: object) -> bool:
     """A JSON integer, or a float with no fractional part (never a bool or a string)."""
-    if isinstance(v, bool):
-        return False
-    return isinstance(v, int) or (isinstance(v, float) and v.is_integer())
+    return is_number(v) and (isinstance(v, int) or v.is_integer())
 
 
 def _checked(path: Path, rows: TraceRows) -> TraceRows:

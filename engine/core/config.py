@@ -14,7 +14,7 @@ import math
 import types
 import typing
 from dataclasses import dataclass
-from typing import Any, Literal, Self, TypeVar
+from typing import Any, Literal, Self, TypeGuard, TypeVar
 
 from engine.core.errors import UserError
 
@@ -36,6 +36,11 @@ def _require(cond: bool, message: str) -> None:
 def _is_int(value: object) -> bool:
     """A real integer: ``True``/``False`` are not accepted where a count is meant."""
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: object) -> TypeGuard[int | float]:
+    """An int or a float (possibly NaN or infinite), never a ``bool``."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _require_bools(obj: object, names: tuple[str, ...]) -> None:
@@ -109,9 +114,7 @@ def _matches(value: object, hint: Any, inf_ok: bool) -> bool:
     if hint is int:
         return _is_int(value)
     if hint is float:
-        if not isinstance(value, int | float) or isinstance(value, bool):
-            return False
-        return math.isfinite(value) or (inf_ok and math.isinf(value))
+        return is_number(value) and (math.isfinite(value) or (inf_ok and math.isinf(value)))
     if hint is str:
         return isinstance(value, str)
     return True  # a nested config or an annotation checked by __post_init__
@@ -237,9 +240,7 @@ class CacheConfig:
             f"got {self.num_gpu_blocks!r}",
         )
         _require(
-            isinstance(self.watermark, int | float)
-            and not isinstance(self.watermark, bool)
-            and 0.0 <= self.watermark < 1.0,
+            is_number(self.watermark) and 0.0 <= self.watermark < 1.0,
             f"watermark must be a number in [0, 1), got {self.watermark!r}",
         )
         _require_bools(self, ("enable_prefix_caching",))

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.core.config import ConfigError
+from engine.core.config import ConfigError, is_number
 from engine.core.interfaces import StepTime
 from engine.core.outputs import BatchShape
 from sim.cost.nnls import fit_nonnegative
@@ -369,7 +369,7 @@ class FittedCostModel:
             raise ConfigError(f"fitted model lacks coefficients for {', '.join(sorted(missing))}")
         bad = {
             n: c for n, c in coefficients.items()
-            if not (isinstance(c, int | float) and not isinstance(c, bool) and 0 <= c < math.inf)
+            if not (is_number(c) and 0 <= c < math.inf)
         }
         if bad:
             raise ConfigError(f"fitted coefficients must be finite numbers >= 0, got {bad}")
