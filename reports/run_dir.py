@@ -174,13 +174,12 @@ def check_tables(d: Path, tables: RunTables) -> None:
         raise ReportError(f"{d}: steps.step_id must be distinct and >= 0")
     if len(runs):
         r, first, count = (runs[c].to_numpy() for c in ("req_index", "first_step", "num_tokens"))
-        known = set(ids.tolist())
         if (r < 0).any() or (r >= n).any():
             raise ReportError(f"{d}: token_runs.req_index outside the requests table")
         if (count < 1).any() or (first < 0).any():
             raise ReportError(f"{d}: token_runs need first_step >= 0 and num_tokens >= 1")
         last = first + count - 1
-        if not (np.isin(first, list(known)).all() and np.isin(last, list(known)).all()):
+        if not (np.isin(first, ids).all() and np.isin(last, ids).all()):
             raise ReportError(f"{d}: token_runs refer to steps the steps table does not have")
     stage = [c for c in STAGE_COLUMNS if c in req]  # absolute times: NaN (never reached) or >= 0
     values = req[stage].to_numpy(dtype=np.float64)

@@ -220,7 +220,7 @@ def build_workload(cfg: WorkloadConfig) -> Workload:
     if len(send) and not (np.isfinite(send).all() and float(send.max()) <= MAX_SPAN_S):
         raise WorkloadError(
             f"the arrival times overflow or span more than {MAX_SPAN_S:g} s (last send at "
-            f"{float(np.nanmax(send)) if np.isfinite(send).any() else float('nan')} s): "
+            f"{float(send[-1])} s): "
             f"request_rate ({cfg.request_rate}) or trace_time_scale ({cfg.trace_time_scale}) "
             "is too small"
         )
