@@ -46,6 +46,7 @@ HOT_MODULES: tuple[str, ...] = (
     "engine/core/events.py",
     "engine/core/fast_forward.py",
     "engine/core/hashing.py",
+    "engine/core/interfaces.py",
     "engine/core/kv_cache_manager.py",
     "engine/core/outputs.py",
     "engine/core/queues.py",

@@ -56,6 +56,11 @@ class EngineReplica:
             engine_config, log, replica=index, first_step_id=index * STEP_ID_STRIDE
         )
         self.cost_model = cost_model
+        # the cost model's shortcut for pure-decode steps, when it has one: bit-identical to
+        # step_time(...).total_s, and faster (see RooflineCostModel.decode_step_total)
+        self._decode_total: Callable[[int, int], float] | None = getattr(
+            cost_model, "decode_step_total", None
+        )
         self.executor = SimExecutor(cost_model)
         self.frontend = frontend
         self.log = log
@@ -175,7 +180,7 @@ class EngineReplica:
         per_req, sched_base, c_update = (
             fe.schedule_s_per_request, fe.schedule_overhead_s, fe.update_overhead_s
         )
-        cost_of = self._decode_cost_fn()
+        decode_total = self._decode_total
         sched_t: list[float] = []
         starts: list[float] = []
         ends: list[float] = []
@@ -195,7 +200,12 @@ class EngineReplica:
             n = shape.num_scheduled
             sched_t.append(t)
             t1 = t + (sched_base + per_req * n)  # the same sum as the step-by-step path
-            cost = cost_of(n, shape.context_sum, shape.context_max) if n else 0.0
+            if not n:
+                cost = 0.0
+            elif decode_total is not None:
+                cost = float(decode_total(n, shape.context_sum))  # numpy scalars too
+            else:
+                cost = self._decode_step_time(n, shape.context_sum, shape.context_max)
             if run.is_async:
                 update = t1 if t1 > prev_end else prev_end
                 starts.append(prev_start)
@@ -264,16 +274,8 @@ class EngineReplica:
                 log.record(req_id, EventKind.DELIVERED, d)
                 self._on_request_done(req_id, d)
 
-    def _decode_cost_fn(self) -> Callable[[int, int, int], float]:
+    def _decode_step_time(self, n: int, ctx_sum: int, ctx_max: int) -> float:
         """Duration of a pure-decode step of ``n`` requests whose contexts sum to ``ctx_sum``
-        (max ``ctx_max``): the cost model's ``decode_step_total`` when it has one (bit-identical
-        to ``step_time``, and faster)."""
-        model = self.cost_model
-        fast = getattr(model, "decode_step_total", None)
-        if fast is not None:
-            return lambda n, ctx_sum, ctx_max: float(fast(n, ctx_sum))
-
-        def slow(n: int, ctx_sum: int, ctx_max: int) -> float:
-            return model.step_time(BatchShape(n, n, (), (), n, ctx_sum, ctx_max, n)).total_s
-
-        return slow
+        (max ``ctx_max``), from the cost model's ``step_time`` (used when the model has no
+        ``decode_step_total``)."""
+        return self.cost_model.step_time(BatchShape(n, n, (), (), n, ctx_sum, ctx_max, n)).total_s

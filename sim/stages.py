@@ -30,6 +30,14 @@ class FrontendTimes:
     tokenized_s: float  # template + tokenization done, sent to the engine
     engine_arrival_s: float  # reached the engine core's input queue (after IPC)
 
+    # Written out so mypyc compiles it (see engine/core/outputs.py's docstring).
+    def __init__(
+        self, frontend_start_s: float, tokenized_s: float, engine_arrival_s: float
+    ) -> None:
+        object.__setattr__(self, "frontend_start_s", frontend_start_s)
+        object.__setattr__(self, "tokenized_s", tokenized_s)
+        object.__setattr__(self, "engine_arrival_s", engine_arrival_s)
+
 
 class APIServerPool:
     """N identical front-end processes, FIFO."""

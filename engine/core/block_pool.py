@@ -176,7 +176,7 @@ class BlockPool:
             h = block_hash[b]
             if h is not None:
                 entry = table.get(h)
-                if entry == b:  # the usual case: the only block under its hash
+                if isinstance(entry, int) and entry == b:  # usual: the only block under its hash
                     del table[h]
                     block_hash[b] = None
                 else:
@@ -192,7 +192,7 @@ class BlockPool:
                 self.free_queue.remove(b)
             ref_cnt[b] += 1
 
-    def free_blocks(self, ordered_blocks: Iterable[int]) -> None:
+    def free_blocks(self, ordered_blocks: list[int]) -> None:
         """Drop one reference from each block; ``ordered_blocks`` lists eviction priority.
 
         Blocks reaching zero references go to the head of the free queue if they carry no hash
@@ -221,18 +221,25 @@ class BlockPool:
     # -- prefix cache ---------------------------------------------------------------------------
     def cache_full_blocks(
         self,
-        blocks: Sequence[int],
-        block_hashes: Sequence[BlockHash],
+        blocks: list[int],
+        block_hashes: list[BlockHash],
         num_cached_blocks: int,
         num_full_blocks: int,
     ) -> None:
-        """Register ``blocks[num_cached_blocks:num_full_blocks]`` under their hashes."""
-        block_hash, table = self.block_hash, self.hash_to_block
-        for b, h in zip(
-            blocks[num_cached_blocks:num_full_blocks],
-            block_hashes[num_cached_blocks:num_full_blocks],
-            strict=True,
+        """Register ``blocks[num_cached_blocks:num_full_blocks]`` under their hashes (the two
+        slices must be equally long)."""
+        end = min(num_full_blocks, len(blocks))
+        if max(end - num_cached_blocks, 0) != max(
+            min(num_full_blocks, len(block_hashes)) - num_cached_blocks, 0
         ):
+            raise ValueError(
+                f"cache_full_blocks: blocks[{num_cached_blocks}:{num_full_blocks}] and their "
+                f"hashes differ in length ({len(blocks)} blocks, {len(block_hashes)} hashes)"
+            )
+        block_hash, table = self.block_hash, self.hash_to_block
+        for i in range(num_cached_blocks, end):
+            b = blocks[i]
+            h = block_hashes[i]
             current = block_hash[b]
             if current is not None:
                 if current == h:

@@ -46,6 +46,21 @@ class RunTiming:
     update_time_s: list[float]
     cost_s: list[float]
 
+    # Written-out __init__s: compiled by mypyc (see engine/core/outputs.py's docstring).
+    def __init__(
+        self,
+        schedule_time_s: list[float],
+        execute_start_s: list[float],
+        execute_end_s: list[float],
+        update_time_s: list[float],
+        cost_s: list[float],
+    ) -> None:
+        object.__setattr__(self, "schedule_time_s", schedule_time_s)
+        object.__setattr__(self, "execute_start_s", execute_start_s)
+        object.__setattr__(self, "execute_end_s", execute_end_s)
+        object.__setattr__(self, "update_time_s", update_time_s)
+        object.__setattr__(self, "cost_s", cost_s)
+
 
 @dataclass(slots=True)
 class _InFlight:
@@ -53,6 +68,10 @@ class _InFlight:
 
     sched_out: SchedulerOutput
     schedule_time_s: float
+
+    def __init__(self, sched_out: SchedulerOutput, schedule_time_s: float) -> None:
+        self.sched_out = sched_out
+        self.schedule_time_s = schedule_time_s
 
 
 class EngineCore:

@@ -52,6 +52,21 @@ class IterationShape:
     finishing: tuple[str, ...]  # requests finishing at this iteration's update
     blocker: AdmissionBlocker  # why this schedule() admits nobody (NONE: nobody waits)
 
+    # Written-out __init__s: compiled by mypyc (see engine/core/outputs.py's docstring).
+    def __init__(
+        self,
+        num_scheduled: int,
+        context_sum: int,
+        context_max: int,
+        finishing: tuple[str, ...],
+        blocker: AdmissionBlocker,
+    ) -> None:
+        self.num_scheduled = num_scheduled
+        self.context_sum = context_sum
+        self.context_max = context_max
+        self.finishing = finishing
+        self.blocker = blocker
+
 
 @dataclass(frozen=True, slots=True)
 class UniformDecodeRun:
@@ -65,6 +80,26 @@ class UniformDecodeRun:
     token_budget: int
     max_num_seqs: int
     is_async: bool
+
+    def __init__(
+        self,
+        requests: tuple[Request, ...],
+        finish_iteration: tuple[int, ...],
+        max_iterations: int,
+        first_step_id: int,
+        num_waiting: int,
+        token_budget: int,
+        max_num_seqs: int,
+        is_async: bool,
+    ) -> None:
+        object.__setattr__(self, "requests", requests)
+        object.__setattr__(self, "finish_iteration", finish_iteration)
+        object.__setattr__(self, "max_iterations", max_iterations)
+        object.__setattr__(self, "first_step_id", first_step_id)
+        object.__setattr__(self, "num_waiting", num_waiting)
+        object.__setattr__(self, "token_budget", token_budget)
+        object.__setattr__(self, "max_num_seqs", max_num_seqs)
+        object.__setattr__(self, "is_async", is_async)
 
     @property
     def num_reqs(self) -> int:
@@ -238,6 +273,26 @@ class AppliedRun:
     num_running_after: list[int]  # running requests after each update
     free_blocks_after: list[int]  # free blocks after each update
     last_scheduled: SchedulerOutput | None  # async: the batch left in flight
+
+    def __init__(
+        self,
+        num_iterations: int,
+        applied_step_ids: range,
+        shapes: list[IterationShape],
+        sampled_per_step: list[int],
+        finished_per_step: list[tuple[str, ...]],
+        num_running_after: list[int],
+        free_blocks_after: list[int],
+        last_scheduled: SchedulerOutput | None,
+    ) -> None:
+        object.__setattr__(self, "num_iterations", num_iterations)
+        object.__setattr__(self, "applied_step_ids", applied_step_ids)
+        object.__setattr__(self, "shapes", shapes)
+        object.__setattr__(self, "sampled_per_step", sampled_per_step)
+        object.__setattr__(self, "finished_per_step", finished_per_step)
+        object.__setattr__(self, "num_running_after", num_running_after)
+        object.__setattr__(self, "free_blocks_after", free_blocks_after)
+        object.__setattr__(self, "last_scheduled", last_scheduled)
 
 
 def apply_uniform_decode(

@@ -24,6 +24,21 @@ class StepTime:
     communication_s: float = 0.0  # tensor/pipeline-parallel collectives
     overhead_s: float = 0.0  # per-step and per-request fixed costs (launch, sampling, …)
 
+    # Written out so mypyc compiles it (see engine/core/outputs.py's docstring).
+    def __init__(
+        self,
+        total_s: float,
+        linear_s: float = 0.0,
+        attention_s: float = 0.0,
+        communication_s: float = 0.0,
+        overhead_s: float = 0.0,
+    ) -> None:
+        object.__setattr__(self, "total_s", total_s)
+        object.__setattr__(self, "linear_s", linear_s)
+        object.__setattr__(self, "attention_s", attention_s)
+        object.__setattr__(self, "communication_s", communication_s)
+        object.__setattr__(self, "overhead_s", overhead_s)
+
 
 class CostModel(Protocol):
     """Predicts a step's device time from its batch shape alone."""
