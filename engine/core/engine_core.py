@@ -13,6 +13,7 @@ finished) and one ``StepRecord`` per applied step.
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -217,50 +218,59 @@ class EngineCore:
             for req_id in finishing:
                 self._record_finish(req_id, "length", updates[j])
         usable = self.scheduler.kv_cache_manager.block_pool.num_gpu_blocks - 1
-        # Shapes of the applied steps: the iterations' own schedules, shifted by one under
-        # async scheduling, where the first applied step is the batch that was in flight.
-        rest = applied.shapes if previous is None else applied.shapes[: k_total - 1]
-        n = [s.num_scheduled for s in rest]
-        zeros = [0] * len(rest)
-        columns: dict[str, Sequence[object]] = {
-            "num_reqs": n, "num_tokens": n, "num_prefill_reqs": zeros,
-            "num_prefill_tokens": zeros, "num_decode_reqs": n,
-            "decode_context_sum": [s.context_sum for s in rest],
-            "num_new_reqs": zeros, "num_resumed_reqs": zeros, "num_preempted_reqs": zeros,
-            "admission_blocker": [str(s.blocker) for s in rest],
-        }
-        if previous is None:
-            schedule_times = list(timing.schedule_time_s)
-        else:
+        # Under async scheduling the first applied step is the batch that was in flight: its
+        # own row. The iterations' schedules are the rest: pure decodes, equal columns shared.
+        skip = 0
+        if previous is not None:
+            skip = 1
             prev = previous.sched_out
             ps = prev.batch_shape
-            schedule_times = [previous.schedule_time_s, *timing.schedule_time_s[:-1]]
-            first: dict[str, object] = {
-                "num_reqs": ps.num_reqs, "num_tokens": ps.num_tokens,
-                "num_prefill_reqs": ps.num_prefill_reqs,
-                "num_prefill_tokens": ps.num_prefill_tokens,
-                "num_decode_reqs": ps.num_decode_reqs,
-                "decode_context_sum": ps.decode_context_sum,
-                "num_new_reqs": len(prev.scheduled_new_reqs),
-                "num_resumed_reqs": len(prev.scheduled_cached_reqs.resumed_req_ids),
-                "num_preempted_reqs": len(prev.preempted_req_ids),
-                "admission_blocker": str(prev.admission_blocker),
-            }
-            columns = {name: [first[name], *values] for name, values in columns.items()}
+            log.record_step_row((  # STEP_COLUMNS order, as in _record_step
+                first_step,
+                previous.schedule_time_s,
+                timing.execute_start_s[0],
+                timing.execute_end_s[0],
+                updates[0],
+                ps.num_reqs,
+                ps.num_tokens,
+                ps.num_prefill_reqs,
+                ps.num_prefill_tokens,
+                ps.num_decode_reqs,
+                ps.decode_context_sum,
+                applied.sampled_per_step[0],
+                len(prev.scheduled_new_reqs),
+                len(prev.scheduled_cached_reqs.resumed_req_ids),
+                len(prev.preempted_req_ids),
+                len(applied.finished_per_step[0]),
+                applied.num_running_after[0],
+                run.num_waiting,
+                1.0 - applied.free_blocks_after[0] / usable,
+                str(prev.admission_blocker),
+                timing.cost_s[0],
+                self.replica,
+            ))
+        rest = applied.shapes[: k_total - skip]
+        if not rest:
+            return
+        n = array("i", [s.num_scheduled for s in rest])  # = tokens = decodes
         log.record_steps({
-            "step_id": list(applied.applied_step_ids),
-            "schedule_time_s": schedule_times,
-            "execute_start_s": list(timing.execute_start_s),
-            "execute_end_s": list(timing.execute_end_s),
-            "update_time_s": list(updates),
-            **columns,
-            "num_sampled_tokens": list(applied.sampled_per_step),
-            "num_finished_reqs": [len(f) for f in applied.finished_per_step],
-            "num_running": list(applied.num_running_after),
-            "num_waiting": [run.num_waiting] * k_total,
-            "kv_usage": [1.0 - free / usable for free in applied.free_blocks_after],
-            "cost_s": list(timing.cost_s),
-            "replica": [self.replica] * k_total,
+            "step_id": range(first_step + skip, first_step + k_total),
+            "schedule_time_s": timing.schedule_time_s[: k_total - skip],
+            "execute_start_s": timing.execute_start_s[skip:],
+            "execute_end_s": timing.execute_end_s[skip:],
+            "update_time_s": updates[skip:],
+            "num_reqs": n, "num_tokens": n, "num_prefill_reqs": 0, "num_prefill_tokens": 0,
+            "num_decode_reqs": n,
+            "decode_context_sum": [s.context_sum for s in rest],
+            "num_sampled_tokens": applied.sampled_per_step[skip:],
+            "num_new_reqs": 0, "num_resumed_reqs": 0, "num_preempted_reqs": 0,
+            "num_finished_reqs": [len(f) for f in applied.finished_per_step[skip:]],
+            "num_running": applied.num_running_after[skip:],
+            "num_waiting": run.num_waiting,
+            "kv_usage": [1.0 - free / usable for free in applied.free_blocks_after[skip:]],
+            "admission_blocker": [str(s.blocker) for s in rest],
+            "cost_s": timing.cost_s[skip:],
+            "replica": self.replica,
         })
 
     # -- events ---------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ import enum
 from array import array
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
+from typing import Any
 
 
 class EventKind(enum.IntEnum):
@@ -199,19 +200,36 @@ class EventLog:
                 col.fromlist(list(values))  # type: ignore[union-attr]  # 2.5x extend(tuple)
         self._step_rows = []
 
-    def record_steps(self, columns: Mapping[str, Sequence[object]]) -> None:
-        """Append several steps at once: one equal-length list per ``StepRecord`` field."""
+    def record_steps(self, columns: Mapping[str, Sequence[object] | int | float | str]) -> None:
+        """Append several steps at once: one value sequence per ``StepRecord`` field, all of
+        one length, or a single int/float/str for a field equal in every one of those steps.
+
+        A typed ``array`` of the column's own type code is appended as a block copy, so a
+        caller can convert a list once and hand it to several equal columns.
+        """
         self._flush_step_rows()
+        if set(columns) != set(STEP_COLUMNS):
+            raise ValueError("record_steps needs one entry per StepRecord field")
+        lengths = {
+            len(v) for v in columns.values() if not isinstance(v, (int, float, str))
+        }
+        if len(lengths) != 1:
+            raise ValueError("record_steps needs equal-length columns (and at least one)")
+        num_steps = lengths.pop()
         cols = self._steps
-        lengths = {len(v) for v in columns.values()}
-        if set(columns) != set(STEP_COLUMNS) or len(lengths) != 1:
-            raise ValueError("record_steps needs one equal-length list per StepRecord field")
         for name in STEP_COLUMNS:
-            col, values = cols[name], columns[name]
-            if type(values) is list and type(col) is not list:
-                col.fromlist(values)  # type: ignore[union-attr]  # a typed array's fast path
+            col: Any = cols[name]  # a typed array, or the list of the one text column
+            values: Any = columns[name]
+            if type(col) is list:
+                col.extend([values] * num_steps if isinstance(values, str) else values)
+            elif isinstance(values, (int, float)):
+                col.extend(array(col.typecode, [values]) * num_steps)
+            elif type(values) is list:
+                col.fromlist(values)  # a typed array's fast path
+            elif isinstance(values, array) and values.typecode == col.typecode:
+                col.extend(values)  # a block copy
             else:
-                col.extend(values)  # type: ignore[arg-type]
+                col.fromlist(list(values))
 
     def record_delivery(self, step_id: int, time_s: float) -> None:
         """The outputs of ``step_id`` reached the client at ``time_s``."""

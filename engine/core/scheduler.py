@@ -159,7 +159,7 @@ class Scheduler:
     def _schedule_running(self, plan: StepPlan, threshold: int) -> None:
         """Phase A: give each RUNNING request its next tokens, preempting on KV shortage."""
         running = self.running
-        allocate = self.kv_cache_manager.allocate_running_slots
+        kv = self.kv_cache_manager  # (methods called through it: a native call when compiled)
         max_model_len_1 = self.max_model_len - 1
         num_scheduled = plan.num_scheduled_tokens
         new_block_ids = plan.new_block_ids
@@ -187,7 +187,7 @@ class Scheduler:
             if num_new <= 0:
                 req_index += 1
                 continue
-            new_blocks = allocate(request, num_new)
+            new_blocks = kv.allocate_running_slots(request, num_new)
             while new_blocks is None:
                 victim = self._pick_victim()
                 if self.priority_policy:
@@ -206,7 +206,7 @@ class Scheduler:
                 plan.preempted.append(victim)
                 if victim is request:
                     break
-                new_blocks = allocate(request, num_new)
+                new_blocks = kv.allocate_running_slots(request, num_new)
             if new_blocks is None:
                 if self.priority_policy and request.status == PREEMPTED:
                     continue  # it preempted itself; req_index already points at the next one
@@ -329,7 +329,7 @@ class Scheduler:
         outputs: list[EngineCoreOutput] = []
         requests = self.requests
         sampled = runner_out.sampled_token_ids
-        cache_blocks = self.kv_cache_manager.cache_blocks
+        kv = self.kv_cache_manager
         max_model_len = self.max_model_len
         stopped_running: list[Request] = []
         stopped_waiting: list[Request] = []
@@ -356,7 +356,9 @@ class Scheduler:
             else:
                 new_token_ids, stopped = self._append_outputs(request, new_token_ids, stale)
             if placeholders > 0 and not stale and status_before == RUNNING:
-                cache_blocks(request, request.num_computed_tokens - request.num_in_flight_tokens)
+                kv.cache_blocks(
+                    request, request.num_computed_tokens - request.num_in_flight_tokens
+                )
             if stopped:
                 self._free_request(request)
                 (stopped_running if status_before == RUNNING else stopped_waiting).append(request)
