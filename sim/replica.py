@@ -265,11 +265,11 @@ class EngineReplica:
         out_tokens = [tokens[j] for j in with_output]
         delivered = self.out.plan([updates[j] for j in with_output], out_tokens)
         self.out.commit(delivered, out_tokens)
-        step_ids = applied.applied_step_ids
-        shapes = applied.shapes
+        first = applied.applied_step_ids.start
         log = self.log
+        log.record_deliveries([first + j for j in with_output], delivered)
+        shapes = applied.shapes
         for j, d in zip(with_output, delivered, strict=True):
-            log.record_delivery(step_ids[j], d)
             for req_id in shapes[j].finishing:
                 log.record(req_id, EventKind.DELIVERED, d)
                 self._on_request_done(req_id, d)

@@ -13,7 +13,6 @@ finished) and one ``StepRecord`` per applied step.
 
 from __future__ import annotations
 
-from array import array
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -219,7 +218,7 @@ class EngineCore:
                 self._record_finish(req_id, "length", updates[j])
         usable = self.scheduler.kv_cache_manager.block_pool.num_gpu_blocks - 1
         # Under async scheduling the first applied step is the batch that was in flight: its
-        # own row. The iterations' schedules are the rest: pure decodes, equal columns shared.
+        # own row. The iterations' schedules are the rest: pure decodes (constant columns).
         skip = 0
         if previous is not None:
             skip = 1
@@ -252,7 +251,7 @@ class EngineCore:
         rest = applied.shapes[: k_total - skip]
         if not rest:
             return
-        n = array("i", [s.num_scheduled for s in rest])  # = tokens = decodes
+        n = [s.num_scheduled for s in rest]  # = tokens = decodes
         log.record_steps({
             "step_id": range(first_step + skip, first_step + k_total),
             "schedule_time_s": timing.schedule_time_s[: k_total - skip],

@@ -86,6 +86,10 @@ _INT_STEP_COLUMNS = frozenset(
 )
 
 
+#: Step rows buffered before they are converted into the typed columns (a few MB at most).
+STEP_ROWS_BUFFERED = 4096
+
+
 class EventLog:
     """Append-only store of request events, token runs and step records (typed arrays)."""
 
@@ -185,7 +189,37 @@ class EventLog:
     def record_step_row(self, row: tuple[object, ...]) -> None:
         """One step as a tuple in ``STEP_COLUMNS`` order (the engine's cheap path)."""
         self._step_rows.append(row)
-        if len(self._step_rows) >= 65536:
+        if len(self._step_rows) >= STEP_ROWS_BUFFERED:
+            self._flush_step_rows()
+
+    def record_steps(self, columns: Mapping[str, Sequence[object] | int | float | str]) -> None:
+        """Append several steps at once: one value sequence per ``StepRecord`` field, all of
+        one length, or a single int/float/str for a field equal in every one of those steps.
+
+        The steps join the buffered rows (transposed in C), so a run of a few steps costs no
+        per-column conversion; the typed columns take them in large blocks.
+        """
+        if len(columns) != len(STEP_COLUMNS) or any(n not in columns for n in STEP_COLUMNS):
+            raise ValueError("record_steps needs one entry per StepRecord field")
+        num_steps = -1
+        for name in STEP_COLUMNS:
+            values: Any = columns[name]
+            if not isinstance(values, (int, float, str)):
+                if num_steps < 0:
+                    num_steps = len(values)
+                elif len(values) != num_steps:
+                    num_steps = -2
+                    break
+        if num_steps < 0:
+            raise ValueError("record_steps needs equal-length columns (and at least one)")
+        ordered: list[Any] = []
+        for name in STEP_COLUMNS:
+            values = columns[name]
+            ordered.append(
+                [values] * num_steps if isinstance(values, (int, float, str)) else values
+            )
+        self._step_rows.extend(zip(*ordered, strict=True))
+        if len(self._step_rows) >= STEP_ROWS_BUFFERED:
             self._flush_step_rows()
 
     def _flush_step_rows(self) -> None:
@@ -200,41 +234,17 @@ class EventLog:
                 col.fromlist(list(values))  # type: ignore[union-attr]  # 2.5x extend(tuple)
         self._step_rows = []
 
-    def record_steps(self, columns: Mapping[str, Sequence[object] | int | float | str]) -> None:
-        """Append several steps at once: one value sequence per ``StepRecord`` field, all of
-        one length, or a single int/float/str for a field equal in every one of those steps.
-
-        A typed ``array`` of the column's own type code is appended as a block copy, so a
-        caller can convert a list once and hand it to several equal columns.
-        """
-        self._flush_step_rows()
-        if set(columns) != set(STEP_COLUMNS):
-            raise ValueError("record_steps needs one entry per StepRecord field")
-        lengths = {
-            len(v) for v in columns.values() if not isinstance(v, (int, float, str))
-        }
-        if len(lengths) != 1:
-            raise ValueError("record_steps needs equal-length columns (and at least one)")
-        num_steps = lengths.pop()
-        cols = self._steps
-        for name in STEP_COLUMNS:
-            col: Any = cols[name]  # a typed array, or the list of the one text column
-            values: Any = columns[name]
-            if type(col) is list:
-                col.extend([values] * num_steps if isinstance(values, str) else values)
-            elif isinstance(values, (int, float)):
-                col.extend(array(col.typecode, [values]) * num_steps)
-            elif type(values) is list:
-                col.fromlist(values)  # a typed array's fast path
-            elif isinstance(values, array) and values.typecode == col.typecode:
-                col.extend(values)  # a block copy
-            else:
-                col.fromlist(list(values))
-
     def record_delivery(self, step_id: int, time_s: float) -> None:
         """The outputs of ``step_id`` reached the client at ``time_s``."""
         self._delivered_step.append(step_id)
         self._delivered_time.append(time_s)
+
+    def record_deliveries(self, step_ids: list[int], times_s: list[float]) -> None:
+        """``record_delivery`` for several steps (equal-length lists)."""
+        if len(step_ids) != len(times_s):
+            raise ValueError(f"{len(step_ids)} steps but {len(times_s)} delivery times")
+        self._delivered_step.fromlist(step_ids)
+        self._delivered_time.fromlist(times_s)
 
     def compact_step_ids(self, stride: int) -> None:
         """Renumber steps of several engines (engine r's ids start at ``r * stride``) into one
