@@ -25,6 +25,7 @@ import gc
 import heapq
 import math
 import sys
+import threading
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
@@ -45,6 +46,35 @@ from sim.workload import Workload, build_workload
 
 #: Youngest-generation GC threshold during a run (CPython's default is 700).
 GC_GEN0_THRESHOLD = 20_000
+
+# The loop makes millions of short-lived objects. With CPython's default thresholds the cyclic
+# GC would run often and, in its full passes, walk every long-lived object made before the loop
+# (workload, configs, imported modules): runs freeze those and let the youngest generation grow
+# larger, then restore both. Counted, so runs in concurrent threads restore only when the last
+# one ends.
+_gc_lock = threading.Lock()
+_gc_runs = 0
+_gc_saved_thresholds: tuple[int, int, int] = (700, 10, 10)
+
+
+def _loop_gc_enter() -> None:
+    global _gc_runs, _gc_saved_thresholds
+    with _gc_lock:
+        if _gc_runs == 0:
+            _gc_saved_thresholds = gc.get_threshold()
+            gc.freeze()
+            first, *rest = _gc_saved_thresholds
+            gc.set_threshold(max(first, GC_GEN0_THRESHOLD), *rest)
+        _gc_runs += 1
+
+
+def _loop_gc_exit() -> None:
+    global _gc_runs
+    with _gc_lock:
+        _gc_runs -= 1
+        if _gc_runs == 0:
+            gc.set_threshold(*_gc_saved_thresholds)
+            gc.unfreeze()
 
 
 @dataclass(slots=True)
@@ -151,18 +181,11 @@ class SimRuntime:
             self.env.process(self._router_process())
         for replica in self.replicas:
             self.env.process(self._engine(replica))
-        # The loop makes millions of short-lived objects. With CPython's default thresholds
-        # the cyclic GC would run often and, in its full passes, walk every long-lived object
-        # made before the loop (workload, configs, imported modules): freeze those and let the
-        # youngest generation grow larger for the loop's duration, then restore both.
-        thresholds = gc.get_threshold()
-        gc.freeze()
-        gc.set_threshold(max(thresholds[0], GC_GEN0_THRESHOLD), *thresholds[1:])
+        _loop_gc_enter()
         try:
             self.env.run()
         finally:
-            gc.set_threshold(*thresholds)
-            gc.unfreeze()
+            _loop_gc_exit()
         if len(self.replicas) > 1:
             self.log.compact_step_ids(STEP_ID_STRIDE)
         stats = self.stats

@@ -4,11 +4,13 @@ times, and that the simulator drives the very scheduler the golden replays check
 from __future__ import annotations
 
 import dataclasses
+import gc
 
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import sim.runtime as runtime_module
 from engine.core.engine_core import EngineCore
 from engine.core.events import EventKind
 from engine.core.scheduler import Scheduler
@@ -175,3 +177,32 @@ def test_simulator_drives_the_core_scheduler_step_for_step() -> None:
             out = outs.pop(arg)
             replay_core.finish_step(out, EngineReplica._sampled(out, 0.0), 0.0)
     assert not replay_core.has_work()
+
+
+class _ThresholdProbe:
+    """A cost model that records the GC state the loop runs under."""
+
+    def __init__(self) -> None:
+        self.seen: set[tuple[tuple[int, int, int], bool]] = set()
+        self.inner = LinearCostModel()
+
+    def step_time(self, shape):  # type: ignore[no-untyped-def]
+        self.seen.add((gc.get_threshold(), gc.get_freeze_count() > 0))
+        return self.inner.step_time(shape)
+
+
+def test_run_tunes_the_gc_for_its_loop_and_restores_it() -> None:
+    before = (gc.get_threshold(), gc.get_freeze_count())
+    probe = _ThresholdProbe()
+    simulate(workload([0.0, 0.1], [40, 50], [5, 6]), cost_model=probe)
+    assert (gc.get_threshold(), gc.get_freeze_count()) == before
+    assert {(t[0], frozen) for t, frozen in probe.seen} == {
+        (max(before[0][0], runtime_module.GC_GEN0_THRESHOLD), True)
+    }
+    # nested (as from concurrent threads): only the last run to end restores
+    runtime_module._loop_gc_enter()
+    runtime_module._loop_gc_enter()
+    runtime_module._loop_gc_exit()
+    assert gc.get_threshold()[0] == max(before[0][0], runtime_module.GC_GEN0_THRESHOLD)
+    runtime_module._loop_gc_exit()
+    assert (gc.get_threshold(), gc.get_freeze_count()) == before
