@@ -44,7 +44,7 @@ class FreeBlockQueue:
         self._next[self._head] = self._tail
         self._prev[self._tail] = self._head
         self.num_free_blocks = 0
-        self.append_n(block_ids)
+        self.append_n(list(block_ids))
 
     def popleft(self) -> int:
         first = self._next[self._head]
@@ -73,9 +73,9 @@ class FreeBlockQueue:
         self._unlink(block_id)
 
     def append(self, block_id: int) -> None:
-        self.append_n((block_id,))
+        self.append_n([block_id])
 
-    def append_n(self, block_ids: Iterable[int]) -> None:
+    def append_n(self, block_ids: list[int]) -> None:
         nxt, prv, tail = self._next, self._prev, self._tail
         last = prv[tail]
         count = 0
@@ -88,7 +88,7 @@ class FreeBlockQueue:
         prv[tail] = last
         self.num_free_blocks += count
 
-    def prepend_n(self, block_ids: Sequence[int]) -> None:
+    def prepend_n(self, block_ids: list[int]) -> None:
         """Put ``block_ids`` at the head, keeping their order (the first is reused first)."""
         if not block_ids:
             return
