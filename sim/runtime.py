@@ -50,21 +50,26 @@ GC_GEN0_THRESHOLD = 20_000
 # The loop makes millions of short-lived objects. With CPython's default thresholds the cyclic
 # GC would run often and, in its full passes, walk every long-lived object made before the loop
 # (workload, configs, imported modules): runs freeze those and let the youngest generation grow
-# larger, then restore both. Counted, so runs in concurrent threads restore only when the last
-# one ends.
+# larger, then restore both. A caller's own GC settings win: nothing is frozen (or unfrozen) if
+# the caller already froze objects, and thresholds stay as they are if automatic collection is
+# off (threshold 0). Counted, so runs in concurrent threads restore only when the last one ends.
 _gc_lock = threading.Lock()
 _gc_runs = 0
 _gc_saved_thresholds: tuple[int, int, int] = (700, 10, 10)
+_gc_froze = False
 
 
 def _loop_gc_enter() -> None:
-    global _gc_runs, _gc_saved_thresholds
+    global _gc_runs, _gc_saved_thresholds, _gc_froze
     with _gc_lock:
         if _gc_runs == 0:
             _gc_saved_thresholds = gc.get_threshold()
-            gc.freeze()
+            _gc_froze = gc.get_freeze_count() == 0
+            if _gc_froze:
+                gc.freeze()
             first, *rest = _gc_saved_thresholds
-            gc.set_threshold(max(first, GC_GEN0_THRESHOLD), *rest)
+            if first > 0:
+                gc.set_threshold(max(first, GC_GEN0_THRESHOLD), *rest)
         _gc_runs += 1
 
 
@@ -74,7 +79,8 @@ def _loop_gc_exit() -> None:
         _gc_runs -= 1
         if _gc_runs == 0:
             gc.set_threshold(*_gc_saved_thresholds)
-            gc.unfreeze()
+            if _gc_froze:
+                gc.unfreeze()
 
 
 @dataclass(slots=True)

@@ -192,7 +192,7 @@ class BlockPool:
                 self.free_queue.remove(b)
             ref_cnt[b] += 1
 
-    def free_blocks(self, ordered_blocks: list[int]) -> None:
+    def free_blocks(self, ordered_blocks: Iterable[int]) -> None:
         """Drop one reference from each block; ``ordered_blocks`` lists eviction priority.
 
         Blocks reaching zero references go to the head of the free queue if they carry no hash
@@ -226,8 +226,14 @@ class BlockPool:
         num_cached_blocks: int,
         num_full_blocks: int,
     ) -> None:
-        """Register ``blocks[num_cached_blocks:num_full_blocks]`` under their hashes (the two
-        slices must be equally long)."""
+        """Register ``blocks[num_cached_blocks:num_full_blocks]`` under their hashes (block
+        counts, not negative; the two slices must be equally long: otherwise ValueError and
+        nothing is registered)."""
+        if num_cached_blocks < 0 or num_full_blocks < 0:
+            raise ValueError(
+                f"cache_full_blocks: block counts must be >= 0, got {num_cached_blocks} and "
+                f"{num_full_blocks}"
+            )
         end = min(num_full_blocks, len(blocks))
         if max(end - num_cached_blocks, 0) != max(
             min(num_full_blocks, len(block_hashes)) - num_cached_blocks, 0

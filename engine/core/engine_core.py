@@ -251,26 +251,34 @@ class EngineCore:
         rest = applied.shapes[: k_total - skip]
         if not rest:
             return
+        m = len(rest)
         n = [s.num_scheduled for s in rest]  # = tokens = decodes
-        log.record_steps({
-            "step_id": range(first_step + skip, first_step + k_total),
-            "schedule_time_s": timing.schedule_time_s[: k_total - skip],
-            "execute_start_s": timing.execute_start_s[skip:],
-            "execute_end_s": timing.execute_end_s[skip:],
-            "update_time_s": updates[skip:],
-            "num_reqs": n, "num_tokens": n, "num_prefill_reqs": 0, "num_prefill_tokens": 0,
-            "num_decode_reqs": n,
-            "decode_context_sum": [s.context_sum for s in rest],
-            "num_sampled_tokens": applied.sampled_per_step[skip:],
-            "num_new_reqs": 0, "num_resumed_reqs": 0, "num_preempted_reqs": 0,
-            "num_finished_reqs": [len(f) for f in applied.finished_per_step[skip:]],
-            "num_running": applied.num_running_after[skip:],
-            "num_waiting": run.num_waiting,
-            "kv_usage": [1.0 - free / usable for free in applied.free_blocks_after[skip:]],
-            "admission_blocker": [str(s.blocker) for s in rest],
-            "cost_s": timing.cost_s[skip:],
-            "replica": self.replica,
-        })
+        zeros = [0] * m
+        log.record_step_rows(zip(  # STEP_COLUMNS order, as in _record_step
+            range(first_step + skip, first_step + k_total),
+            timing.schedule_time_s[:m],
+            timing.execute_start_s[skip:],
+            timing.execute_end_s[skip:],
+            updates[skip:],
+            n,
+            n,
+            zeros,
+            zeros,
+            n,
+            [s.context_sum for s in rest],
+            applied.sampled_per_step[skip:],
+            zeros,
+            zeros,
+            zeros,
+            [len(f) for f in applied.finished_per_step[skip:]],
+            applied.num_running_after[skip:],
+            [run.num_waiting] * m,
+            [1.0 - free / usable for free in applied.free_blocks_after[skip:]],
+            [str(s.blocker) for s in rest],
+            timing.cost_s[skip:],
+            [self.replica] * m,
+            strict=True,
+        ))
 
     # -- events ---------------------------------------------------------------------------------
     def _record_schedule(self, out: SchedulerOutput, now: float) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import enum
 from array import array
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -187,52 +187,58 @@ class EventLog:
         self.record_step_row(tuple(getattr(step, name) for name in STEP_COLUMNS))
 
     def record_step_row(self, row: tuple[object, ...]) -> None:
-        """One step as a tuple in ``STEP_COLUMNS`` order (the engine's cheap path)."""
+        """One step as a tuple in ``STEP_COLUMNS`` order (the engine's cheap path: values are
+        converted, and their types checked, when the buffered rows join the typed columns)."""
         self._step_rows.append(row)
         if len(self._step_rows) >= STEP_ROWS_BUFFERED:
             self._flush_step_rows()
 
-    def record_steps(self, columns: Mapping[str, Sequence[object] | int | float | str]) -> None:
-        """Append several steps at once: one value sequence per ``StepRecord`` field, all of
-        one length, or a single int/float/str for a field equal in every one of those steps.
-
-        The steps join the buffered rows (transposed in C), so a run of a few steps costs no
-        per-column conversion; the typed columns take them in large blocks.
-        """
-        if len(columns) != len(STEP_COLUMNS) or any(n not in columns for n in STEP_COLUMNS):
-            raise ValueError("record_steps needs one entry per StepRecord field")
-        num_steps = -1
-        for name in STEP_COLUMNS:
-            values: Any = columns[name]
-            if not isinstance(values, (int, float, str)):
-                if num_steps < 0:
-                    num_steps = len(values)
-                elif len(values) != num_steps:
-                    num_steps = -2
-                    break
-        if num_steps < 0:
-            raise ValueError("record_steps needs equal-length columns (and at least one)")
-        ordered: list[Any] = []
-        for name in STEP_COLUMNS:
-            values = columns[name]
-            ordered.append(
-                [values] * num_steps if isinstance(values, (int, float, str)) else values
-            )
-        self._step_rows.extend(zip(*ordered, strict=True))
+    def record_step_rows(self, rows: Iterable[tuple[object, ...]]) -> None:
+        """Several ``record_step_row`` rows at once (the bulk decode path's records)."""
+        self._step_rows.extend(rows)
         if len(self._step_rows) >= STEP_ROWS_BUFFERED:
             self._flush_step_rows()
+
+    def record_steps(self, columns: Mapping[str, Sequence[object]]) -> None:
+        """Append several steps at once: one equal-length sequence per ``StepRecord`` field.
+
+        Every column is converted to its type first: a value that does not fit raises
+        ``TypeError`` naming the column, and nothing is recorded.
+        """
+        lengths = {len(v) for v in columns.values()}
+        if set(columns) != set(STEP_COLUMNS) or len(lengths) != 1:
+            raise ValueError("record_steps needs one equal-length list per StepRecord field")
+        self._flush_step_rows()
+        self._append_columns({name: list(values) for name, values in columns.items()})
 
     def _flush_step_rows(self) -> None:
         rows = self._step_rows
         if not rows:
             return
-        for name, values in zip(STEP_COLUMNS, zip(*rows, strict=True), strict=True):
-            col = self._steps[name]
-            if type(col) is list:
-                col.extend(values)
-            else:
-                col.fromlist(list(values))  # type: ignore[union-attr]  # 2.5x extend(tuple)
+        transposed = zip(STEP_COLUMNS, zip(*rows, strict=True), strict=True)
+        self._append_columns({name: list(values) for name, values in transposed})
         self._step_rows = []
+
+    def _append_columns(self, columns: dict[str, list[object]]) -> None:
+        """Convert each column to its typed array, then append them all (or nothing)."""
+        converted: dict[str, Any] = {}
+        for name in STEP_COLUMNS:
+            col: Any = self._steps[name]
+            values = columns[name]
+            if type(col) is list:
+                if not all(isinstance(v, str) for v in values):
+                    raise TypeError(f"step column {name!r} takes strings")
+                converted[name] = values
+                continue
+            block = array(col.typecode)
+            try:
+                block.fromlist(values)
+            except (TypeError, OverflowError) as exc:
+                kind = "floats" if col.typecode == "d" else "integers"
+                raise TypeError(f"step column {name!r} takes {kind}: {exc}") from None
+            converted[name] = block
+        for name in STEP_COLUMNS:
+            self._steps[name].extend(converted[name])
 
     def record_delivery(self, step_id: int, time_s: float) -> None:
         """The outputs of ``step_id`` reached the client at ``time_s``."""

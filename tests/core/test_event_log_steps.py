@@ -1,12 +1,11 @@
-"""EventLog step records: rows, column blocks, constant columns and typed arrays agree."""
+"""EventLog step records: single rows, row blocks and column blocks agree; bad values are
+refused with the column's name and leave the log as it was."""
 
 from __future__ import annotations
 
-from array import array
-
 import pytest
 
-from engine.core.events import STEP_COLUMNS, EventLog, StepRecord
+from engine.core.events import STEP_COLUMNS, STEP_ROWS_BUFFERED, EventLog, StepRecord
 
 
 def _step(step_id: int, blocker: str = "") -> StepRecord:
@@ -21,48 +20,61 @@ def _step(step_id: int, blocker: str = "") -> StepRecord:
     )
 
 
-def test_column_blocks_with_constants_and_arrays_equal_rows() -> None:
-    steps = [_step(i, "token_budget") for i in range(5)]
+def _row(step: StepRecord) -> tuple[object, ...]:
+    return tuple(getattr(step, name) for name in STEP_COLUMNS)
+
+
+def _columns(log: EventLog) -> dict[str, list[object]]:
+    return {name: list(values) for name, values in log.steps_columns().items()}  # type: ignore[call-overload]
+
+
+def test_rows_row_blocks_and_column_blocks_agree() -> None:
+    steps = [_step(i, "token_budget" if i % 3 else "") for i in range(9)]
     by_row = EventLog()
     for s in steps:
         by_row.record_step(s)
-    by_block = EventLog()
-    by_block.record_step(steps[0])  # a buffered row first: blocks must keep the order
-    n = array("i", [3] * 4)  # one typed array for three equal columns
-    by_block.record_steps({
-        "step_id": range(1, 5),
-        "schedule_time_s": [s.schedule_time_s for s in steps[1:]],
-        "execute_start_s": [s.execute_start_s for s in steps[1:]],
-        "execute_end_s": [s.execute_end_s for s in steps[1:]],
-        "update_time_s": [s.update_time_s for s in steps[1:]],
-        "num_reqs": n, "num_tokens": n, "num_decode_reqs": n,
-        "num_prefill_reqs": 0, "num_prefill_tokens": 0,
-        "decode_context_sum": array("i", [s.decode_context_sum for s in steps[1:]]),  # 'i'->'q'
-        "num_sampled_tokens": 3, "num_new_reqs": 0, "num_resumed_reqs": 0,
-        "num_preempted_reqs": 0,
-        "num_finished_reqs": tuple(s.num_finished_reqs for s in steps[1:]),
-        "num_running": [s.num_running for s in steps[1:]],
-        "num_waiting": 4,
-        "kv_usage": [s.kv_usage for s in steps[1:]],
-        "admission_blocker": "token_budget",
-        "cost_s": 0.2,
-        "replica": 1,
-    })
-    a, b = by_row.steps_columns(), by_block.steps_columns()
-    assert list(a) == list(b) == list(STEP_COLUMNS)
-    for name in STEP_COLUMNS:
-        assert list(a[name]) == list(b[name]), name  # type: ignore[call-overload]
+    mixed = EventLog()
+    mixed.record_step_row(_row(steps[0]))  # buffered: the blocks below must keep the order
+    mixed.record_step_rows(_row(s) for s in steps[1:4])
+    mixed.record_steps({name: [getattr(s, name) for s in steps[4:7]] for name in STEP_COLUMNS})
+    mixed.record_step_rows(iter([_row(steps[7]), _row(steps[8])]))
+    assert mixed.num_steps == by_row.num_steps == 9
+    assert _columns(mixed) == _columns(by_row)
+    assert list(_columns(mixed)) == list(STEP_COLUMNS)
 
 
-def test_record_steps_refuses_missing_or_unequal_columns() -> None:
+def test_buffered_rows_join_the_columns_in_blocks() -> None:
     log = EventLog()
-    full: dict[str, object] = {name: [0] for name in STEP_COLUMNS}
-    full["admission_blocker"] = [""]
-    with pytest.raises(ValueError, match="one entry per StepRecord field"):
-        log.record_steps({k: v for k, v in full.items() if k != "cost_s"})  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="equal-length"):
-        log.record_steps({**full, "cost_s": [0.0, 1.0]})  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="equal-length"):
-        log.record_steps(dict.fromkeys(STEP_COLUMNS, 0))  # constants only: no length
-    log.record_steps(full)  # type: ignore[arg-type]
-    assert log.num_steps == 1
+    rows = [_row(_step(i)) for i in range(STEP_ROWS_BUFFERED + 5)]
+    log.record_step_rows(rows)
+    assert log.num_steps == len(rows)
+    assert _columns(log)["step_id"] == list(range(len(rows)))
+
+
+def test_record_steps_refuses_bad_columns_and_records_nothing() -> None:
+    log = EventLog()
+    log.record_step(_step(0))
+    good = {name: [getattr(_step(1), name)] for name in STEP_COLUMNS}
+    with pytest.raises(ValueError, match="one equal-length list"):
+        log.record_steps({k: v for k, v in good.items() if k != "cost_s"})
+    with pytest.raises(ValueError, match="one equal-length list"):
+        log.record_steps({**good, "cost_s": [0.0, 1.0]})
+    for name, bad in (("num_reqs", [1.5]), ("num_running", ["x"]), ("kv_usage", ["x"]),
+                      ("admission_blocker", [3]), ("replica", [2**40])):
+        with pytest.raises(TypeError, match=repr(name)):
+            log.record_steps({**good, name: bad})
+    assert _columns(log) == {name: [getattr(_step(0), name)] for name in STEP_COLUMNS}
+    log.record_steps(good)
+    assert log.num_steps == 2
+
+
+def test_a_bad_buffered_row_fails_its_flush_without_a_partial_append() -> None:
+    log = EventLog()
+    log.record_step(_step(0))
+    log.steps_columns()
+    bad = list(_row(_step(1)))
+    bad[STEP_COLUMNS.index("num_waiting")] = 0.5
+    log.record_step_row(tuple(bad))
+    with pytest.raises(TypeError, match="'num_waiting'"):
+        log.steps_columns()
+    assert {len(v) for v in log._steps.values()} == {1}  # every column still one step long

@@ -99,6 +99,7 @@ def test_golden_scheduler_and_event_log_tests_pass_compiled(
         "tests/core/test_async_scheduler.py", "tests/core/test_scheduler_priority.py",
         "tests/core/test_kv_cache_manager.py", "tests/core/test_fast_forward.py",
         "tests/sim/test_event_log_exact.py", "tests/sim/test_runtime_properties.py",
+        "tests/core/test_event_log_steps.py",
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     suite = ElementTree.parse(report).getroot().find("testsuite")

@@ -206,3 +206,22 @@ def test_run_tunes_the_gc_for_its_loop_and_restores_it() -> None:
     assert gc.get_threshold()[0] == max(before[0][0], runtime_module.GC_GEN0_THRESHOLD)
     runtime_module._loop_gc_exit()
     assert (gc.get_threshold(), gc.get_freeze_count()) == before
+
+
+def test_run_keeps_the_callers_own_gc_settings() -> None:
+    thresholds = gc.get_threshold()
+    gc.freeze()
+    frozen = gc.get_freeze_count()
+    try:
+        probe = _ThresholdProbe()
+        simulate(workload([0.0], [40], [5]), cost_model=probe)
+        # not unfrozen behind the caller's back (a few frozen objects may die meanwhile)
+        assert gc.get_freeze_count() > frozen // 2 > 0
+        gc.set_threshold(0)  # automatic collection off: a run leaves it off
+        probe = _ThresholdProbe()
+        simulate(workload([0.0], [40], [5]), cost_model=probe)
+        assert {t[0] for t, _ in probe.seen} == {0}
+        assert gc.get_threshold()[0] == 0
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
