@@ -222,29 +222,17 @@ class EngineCore:
         skip = 0
         if previous is not None:
             skip = 1
-            prev = previous.sched_out
-            ps = prev.batch_shape
-            log.record_step_row((  # STEP_COLUMNS order, as in _record_step
-                first_step,
+            log.record_step_row(_step_row(
+                previous.sched_out,
                 previous.schedule_time_s,
                 timing.execute_start_s[0],
                 timing.execute_end_s[0],
                 updates[0],
-                ps.num_reqs,
-                ps.num_tokens,
-                ps.num_prefill_reqs,
-                ps.num_prefill_tokens,
-                ps.num_decode_reqs,
-                ps.decode_context_sum,
                 applied.sampled_per_step[0],
-                len(prev.scheduled_new_reqs),
-                len(prev.scheduled_cached_reqs.resumed_req_ids),
-                len(prev.preempted_req_ids),
                 len(applied.finished_per_step[0]),
                 applied.num_running_after[0],
                 run.num_waiting,
                 1.0 - applied.free_blocks_after[0] / usable,
-                str(prev.admission_blocker),
                 timing.cost_s[0],
                 self.replica,
             ))
@@ -254,7 +242,7 @@ class EngineCore:
         m = len(rest)
         n = [s.num_scheduled for s in rest]  # = tokens = decodes
         zeros = [0] * m
-        log.record_step_rows(zip(  # STEP_COLUMNS order, as in _record_step
+        log.record_step_rows(zip(  # STEP_COLUMNS order, as _step_row builds it
             range(first_step + skip, first_step + k_total),
             timing.schedule_time_s[:m],
             timing.execute_start_s[skip:],
@@ -321,7 +309,6 @@ class EngineCore:
         cost_s: float | None,
     ) -> None:
         out = flight.sched_out
-        shape = out.batch_shape
         scheduler = self.scheduler
         num_finished = 0
         num_sampled = 0
@@ -329,28 +316,60 @@ class EngineCore:
             num_sampled += len(o.new_token_ids)
             if o.finish_reason is not None:
                 num_finished += 1
-        # One row in STEP_COLUMNS order (see StepRecord for the meaning of each field).
-        self.event_log.record_step_row((
-            out.step_id,
+        self.event_log.record_step_row(_step_row(
+            out,
             flight.schedule_time_s,
             flight.schedule_time_s if execute_start_s is None else execute_start_s,
             now if execute_end_s is None else execute_end_s,
             now,
-            shape.num_reqs,
-            shape.num_tokens,
-            len(shape.prefill_query_lens),
-            shape.num_tokens - shape.num_decode_reqs,
-            shape.num_decode_reqs,
-            shape.decode_context_sum,
             num_sampled,
-            len(out.scheduled_new_reqs),
-            len(out.scheduled_cached_reqs.resumed_req_ids),
-            len(out.preempted_req_ids),
             num_finished,
             len(scheduler.running),
             len(scheduler.waiting),
             scheduler.kv_cache_manager.usage,
-            str(out.admission_blocker),
             0.0 if cost_s is None else cost_s,
             self.replica,
         ))
+
+
+def _step_row(
+    out: SchedulerOutput,
+    schedule_time_s: float,
+    execute_start_s: float,
+    execute_end_s: float,
+    update_time_s: float,
+    num_sampled: int,
+    num_finished: int,
+    num_running: int,
+    num_waiting: int,
+    kv_usage: float,
+    cost_s: float,
+    replica: int,
+) -> tuple[object, ...]:
+    """One applied step as a row in ``STEP_COLUMNS`` order (see ``StepRecord`` for each field):
+    the batch's own columns from ``out``, the rest as the caller observed them."""
+    shape = out.batch_shape
+    return (
+        out.step_id,
+        schedule_time_s,
+        execute_start_s,
+        execute_end_s,
+        update_time_s,
+        shape.num_reqs,
+        shape.num_tokens,
+        len(shape.prefill_query_lens),
+        shape.num_tokens - shape.num_decode_reqs,
+        shape.num_decode_reqs,
+        shape.decode_context_sum,
+        num_sampled,
+        len(out.scheduled_new_reqs),
+        len(out.scheduled_cached_reqs.resumed_req_ids),
+        len(out.preempted_req_ids),
+        num_finished,
+        num_running,
+        num_waiting,
+        kv_usage,
+        str(out.admission_blocker),
+        cost_s,
+        replica,
+    )
