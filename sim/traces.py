@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.core.config import is_number
+from engine.core.config import is_int, is_number
 from engine.core.errors import UserError
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -169,9 +169,7 @@ def _load_mooncake(path: Path) -> TraceRows:
                     if not all(_is_whole(v) for v in raw):
                         raise ValueError(f"lengths must be whole numbers, got {raw}")
                     ids = row.get("hash_ids", [])
-                    if not isinstance(ids, list) or not all(
-                        isinstance(h, int) and not isinstance(h, bool) for h in ids
-                    ):
+                    if not isinstance(ids, list) or not all(is_int(h) for h in ids):
                         raise ValueError(f"hash_ids must be a list of integers, got {ids!r:.60}")
                     lengths = (int(raw[0]), int(raw[1]))
                     if max(abs(n) for n in lengths) >= 2**62:

@@ -234,16 +234,15 @@ class BlockPool:
                 f"cache_full_blocks: block counts must be >= 0, got {num_cached_blocks} and "
                 f"{num_full_blocks}"
             )
-        end = min(num_full_blocks, len(blocks))
-        if max(end - num_cached_blocks, 0) != max(
-            min(num_full_blocks, len(block_hashes)) - num_cached_blocks, 0
-        ):
+        num_blocks = max(min(num_full_blocks, len(blocks)) - num_cached_blocks, 0)
+        num_hashes = max(min(num_full_blocks, len(block_hashes)) - num_cached_blocks, 0)
+        if num_blocks != num_hashes:  # the lengths of the two slices
             raise ValueError(
                 f"cache_full_blocks: blocks[{num_cached_blocks}:{num_full_blocks}] and their "
                 f"hashes differ in length ({len(blocks)} blocks, {len(block_hashes)} hashes)"
             )
         block_hash, table = self.block_hash, self.hash_to_block
-        for i in range(num_cached_blocks, end):
+        for i in range(num_cached_blocks, num_cached_blocks + num_blocks):
             b = blocks[i]
             h = block_hashes[i]
             current = block_hash[b]

@@ -33,7 +33,7 @@ def _require(cond: bool, message: str) -> None:
         raise ConfigError(message)
 
 
-def _is_int(value: object) -> bool:
+def is_int(value: object) -> TypeGuard[int]:
     """A real integer: ``True``/``False`` are not accepted where a count is meant."""
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -112,7 +112,7 @@ def _matches(value: object, hint: Any, inf_ok: bool) -> bool:
     if hint is bool:
         return isinstance(value, bool)
     if hint is int:
-        return _is_int(value)
+        return is_int(value)
     if hint is float:
         return is_number(value) and (math.isfinite(value) or (inf_ok and math.isinf(value)))
     if hint is str:
@@ -161,16 +161,16 @@ class SchedulerConfig:
 
     def __post_init__(self) -> None:
         _require(
-            _is_int(self.max_num_batched_tokens) and self.max_num_batched_tokens > 0,
+            is_int(self.max_num_batched_tokens) and self.max_num_batched_tokens > 0,
             f"max_num_batched_tokens must be a positive integer, got "
             f"{self.max_num_batched_tokens!r}",
         )
         _require(
-            _is_int(self.max_num_seqs) and self.max_num_seqs > 0,
+            is_int(self.max_num_seqs) and self.max_num_seqs > 0,
             f"max_num_seqs must be a positive integer, got {self.max_num_seqs!r}",
         )
         _require(
-            _is_int(self.max_model_len) and self.max_model_len > 1,
+            is_int(self.max_model_len) and self.max_model_len > 1,
             f"max_model_len must be an integer > 1, got {self.max_model_len!r}",
         )
         _require(
@@ -186,7 +186,7 @@ class SchedulerConfig:
             "chunked prefill",
         )
         _require(
-            _is_int(self.long_prefill_token_threshold)
+            is_int(self.long_prefill_token_threshold)
             and 0 <= self.long_prefill_token_threshold <= self.max_model_len,
             f"long_prefill_token_threshold must be in [0, max_model_len={self.max_model_len}], "
             f"got {self.long_prefill_token_threshold!r}",
@@ -200,7 +200,7 @@ class SchedulerConfig:
         )
         if self.max_num_scheduled_tokens is not None:
             _require(
-                _is_int(self.max_num_scheduled_tokens)
+                is_int(self.max_num_scheduled_tokens)
                 and 0 < self.max_num_scheduled_tokens <= self.max_num_batched_tokens,
                 f"max_num_scheduled_tokens must be in [1, max_num_batched_tokens="
                 f"{self.max_num_batched_tokens}], got {self.max_num_scheduled_tokens!r}",
@@ -231,11 +231,11 @@ class CacheConfig:
 
     def __post_init__(self) -> None:
         _require(
-            _is_int(self.block_size) and self.block_size > 0,
+            is_int(self.block_size) and self.block_size > 0,
             f"block_size must be a positive integer, got {self.block_size!r}",
         )
         _require(
-            _is_int(self.num_gpu_blocks) and self.num_gpu_blocks >= 2,
+            is_int(self.num_gpu_blocks) and self.num_gpu_blocks >= 2,
             f"num_gpu_blocks must be an integer >= 2 (block 0 is the reserved null block), "
             f"got {self.num_gpu_blocks!r}",
         )
