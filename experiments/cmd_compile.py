@@ -44,6 +44,7 @@ HOT_MODULES: tuple[str, ...] = (
     "engine/core/block_pool.py",
     "engine/core/engine_core.py",
     "engine/core/events.py",
+    "engine/core/fast_apply.py",
     "engine/core/fast_forward.py",
     "engine/core/hashing.py",
     "engine/core/interfaces.py",

@@ -20,11 +20,13 @@ from collections.abc import Callable
 from engine.core.config import EngineConfig
 from engine.core.engine_core import EngineCore, RunTiming
 from engine.core.events import EventKind, EventLog
-from engine.core.fast_forward import AppliedRun, IterationShape
+from engine.core.fast_apply import AppliedRun
+from engine.core.fast_forward import BulkRun
 from engine.core.interfaces import CostModel
 from engine.core.outputs import BatchShape, EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
 from engine.core.request import Request
 from sim.config import FrontendConfig
+from sim.cost.roofline import RooflineCostModel
 from sim.executor import PLACEHOLDER_TOKEN_ID, SimExecutor
 from sim.stages import OutputProcessor
 
@@ -61,6 +63,8 @@ class EngineReplica:
         self._decode_total: Callable[[int, int], float] | None = getattr(
             cost_model, "decode_step_total", None
         )
+        # the roofline's, called natively when compiled (a bound-method call is generic)
+        self._roofline = cost_model if isinstance(cost_model, RooflineCostModel) else None
         self.executor = SimExecutor(cost_model)
         self.frontend = frontend
         self.log = log
@@ -167,13 +171,13 @@ class EngineReplica:
                 self.log.record(o.req_id, EventKind.DELIVERED, delivered)
                 self._on_request_done(o.req_id, delivered)
 
-    # -- bulk decode runs -----------------------------------------------------------------------
+    # -- bulk runs ------------------------------------------------------------------------------
     def _bulk_iterations(self, now: float, horizon: float) -> float | None:
-        """Apply the uniform decode iterations that start before ``horizon`` (closed loop:
-        also before a finished request's client could send again); None if the state is not a
-        uniform decode run or the run would be too short."""
+        """Apply the bulk-run iterations that start before ``horizon`` (closed loop: also
+        before a finished request's client could send again); None if the state is not a
+        bulk run or the run would be too short."""
         core = self.core
-        run = core.find_uniform_decode_run(PLACEHOLDER_TOKEN_ID)
+        run = core.find_bulk_run(PLACEHOLDER_TOKEN_ID)
         if run is None or run.max_iterations < MIN_BULK_ITERATIONS:
             return None
         fe = self.frontend
@@ -181,76 +185,88 @@ class EngineReplica:
             fe.schedule_s_per_request, fe.schedule_overhead_s, fe.update_overhead_s
         )
         decode_total = self._decode_total
+        roofline = self._roofline
+        step_time = self.cost_model.step_time
         sched_t: list[float] = []
         starts: list[float] = []
         ends: list[float] = []
         updates: list[float] = []
         costs: list[float] = []
         tokens: list[int] = []  # tokens each applied step delivers
-        shapes: list[IterationShape] = []
+        is_async = run.is_async
         t = now
-        if run.is_async:
+        prev_id = -1
+        prev_start = prev_end = prev_cost = 0.0
+        prev_tokens = 0
+        if is_async:
             prev = core.oldest_in_flight()
             prev_id = prev.step_id
             prev_start, prev_end, prev_cost = self._pending[prev_id]
-            prev_tokens = len(prev.num_scheduled_tokens)
-        for _k, shape in enumerate(run.iteration_shapes()):
-            if t >= horizon:
-                break
-            n = shape.num_scheduled
-            sched_t.append(t)
+            prev_tokens = len(prev.num_scheduled_tokens) - len(prev.partial_prefill_req_ids)
+        num_reqs, num_sampling, context_sum = run.num_reqs, run.num_sampling, run.context_sum
+        num_tokens = run.num_tokens
+        available = run.ensure_shapes(1)
+        k = 0
+        while t < horizon:
+            if k >= available:
+                available = run.ensure_shapes(k + 1)
+                if k >= available:
+                    break
+            n = num_reqs[k]
             t1 = t + (sched_base + per_req * n)  # the same sum as the step-by-step path
             if not n:
                 cost = 0.0
+            elif num_tokens[k] != num_sampling[k]:  # a prefill chunk: the full model
+                cost = step_time(run.batch_shape(k)).total_s
+            elif roofline is not None:
+                cost = roofline.decode_step_total(n, context_sum[k])
             elif decode_total is not None:
-                cost = float(decode_total(n, shape.context_sum))  # numpy scalars too
+                cost = float(decode_total(n, context_sum[k]))  # numpy scalars too
             else:
-                cost = self._decode_step_time(n, shape.context_sum, shape.context_max)
-            if run.is_async:
+                cost = self._decode_step_time(n, context_sum[k], run.context_max[k])
+            sched_t.append(t)
+            if is_async:
                 update = t1 if t1 > prev_end else prev_end
                 starts.append(prev_start)
                 ends.append(prev_end)
                 costs.append(prev_cost)
                 tokens.append(prev_tokens)
                 # the GPU takes the new batch as soon as it is submitted and free
-                prev_start, prev_end, prev_cost, prev_tokens = update, update + cost, cost, n
+                prev_start, prev_end, prev_cost = update, update + cost, cost
+                prev_tokens = num_sampling[k]
             else:
                 update = t1 + cost
                 starts.append(t1)
                 ends.append(update)
                 costs.append(cost)
-                tokens.append(n)
+                tokens.append(num_sampling[k])
             updates.append(update)
-            shapes.append(shape)
             t = update + c_update
-            if shape.finishing and self.closed_loop:
+            if run.num_finishing[k] and self.closed_loop:
                 # a freed client slot may send a request: stop at its delivery
                 out = [j for j, n in enumerate(tokens) if n]
                 planned = self.out.plan([updates[j] for j in out], [tokens[j] for j in out])
                 horizon = min(horizon, planned[-1])
-        m = len(sched_t)
-        if m < MIN_BULK_ITERATIONS:
+            k += 1
+        if k < MIN_BULK_ITERATIONS:
             return None
-        applied = core.apply_uniform_decode(
-            run, m, PLACEHOLDER_TOKEN_ID, RunTiming(sched_t, starts, ends, updates, costs), shapes
+        applied = core.apply_bulk_run(
+            run, k, PLACEHOLDER_TOKEN_ID, RunTiming(sched_t, starts, ends, updates, costs)
         )
-        if run.is_async:
+        if is_async:
             del self._pending[prev_id]
             assert applied.last_scheduled is not None
             self._pending[applied.last_scheduled.step_id] = (prev_start, prev_end, prev_cost)
             self._gpu_free_s = prev_end
         else:
             self._gpu_free_s = ends[-1]
-        self._record_bulk(applied, updates, tokens)
-        self.num_bulk_steps += m
+        self._record_bulk(run, applied, updates, tokens)
+        self.num_bulk_steps += k
         self.num_bulk_runs += 1
         return t
 
     def _record_bulk(
-        self,
-        applied: AppliedRun,
-        updates: list[float],
-        tokens: list[int],
+        self, run: BulkRun, applied: AppliedRun, updates: list[float], tokens: list[int]
     ) -> None:
         """Deliveries, finishes and router reports of a bulk-applied run."""
         sched = self.core.scheduler
@@ -268,9 +284,10 @@ class EngineReplica:
         first = applied.applied_step_ids.start
         log = self.log
         log.record_deliveries([first + j for j in with_output], delivered)
-        shapes = applied.shapes
+        requests = run.requests
         for j, d in zip(with_output, delivered, strict=True):
-            for req_id in shapes[j].finishing:
+            for i in run.finishing(j):
+                req_id = requests[i].req_id
                 log.record(req_id, EventKind.DELIVERED, d)
                 self._on_request_done(req_id, d)
 

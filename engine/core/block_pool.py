@@ -7,11 +7,19 @@ Invariants (checked by the property tests):
 
 * a block is in the free queue exactly when its ``ref_cnt`` is 0 (the null block excepted);
 * ``num_free_blocks + blocks held (ref_cnt > 0) == num_gpu_blocks - 1``;
-* a block carries at most one hash; the hash map lists every (hash, block) pair exactly once and
-  may hold several blocks per hash (identical content is not de-duplicated; lookups return the
-  earliest-inserted block still cached);
+* a block carries at most one hash; the hash map lists every (hash, block) pair exactly once
+  (private pairs once published, below) and may hold several blocks per hash (identical content
+  is not de-duplicated; lookups return the earliest-inserted block still cached);
 * eviction is lazy: a freed cached block keeps its hash while it sits in the free queue and
   loses it only when ``get_new_blocks`` pops it for reuse, or on ``reset_prefix_cache``.
+
+*Private* hashes — negative ints, the keys ``PrecomputedBlockHasher`` gives blocks unique to one
+request — can only ever be looked up by the request that registered them, and only after it was
+preempted (a first admission cannot hit them: nothing registered them yet). Such a block carries
+its hash (``block_hash``) like any other, but enters the hash map only when its request is
+preempted (``publish_private``), in its registration order, so every lookup sees exactly what
+an eager map would show; ``in_map[b]`` says whether block ``b`` is in the map. This saves a map
+insertion and deletion per generated block.
 
 Free-queue order (SCHEDULER_SPEC §2.7): freed blocks without a hash are *prepended* (reused
 first, LIFO), freed hashed blocks are *appended* (reused last, LRU); a prefix hit on a free
@@ -130,6 +138,7 @@ class BlockPool:
         "enable_caching",
         "free_queue",
         "hash_to_block",
+        "in_map",
         "num_gpu_blocks",
         "ref_cnt",
     )
@@ -145,6 +154,7 @@ class BlockPool:
         self.block_hash: list[BlockHash | None] = [None] * num_gpu_blocks
         # hash -> block id, or a list of block ids (insertion order) when several share it.
         self.hash_to_block: dict[BlockHash, int | list[int]] = {}
+        self.in_map = [False] * num_gpu_blocks  # is the block's hash in hash_to_block?
         self.free_queue = FreeBlockQueue(range(num_gpu_blocks), num_gpu_blocks)
         null = self.free_queue.popleft()
         assert null == NULL_BLOCK_ID
@@ -158,6 +168,8 @@ class BlockPool:
         return 1.0 - self.free_queue.num_free_blocks / (self.num_gpu_blocks - 1)
 
     def get_cached_block(self, block_hash: BlockHash) -> int | None:
+        """The earliest-inserted cached block under ``block_hash`` (private hashes: once
+        published), or None."""
         entry = self.hash_to_block.get(block_hash)
         if entry is None or isinstance(entry, int):
             return entry
@@ -171,16 +183,20 @@ class BlockPool:
                 f"cannot get {num_blocks} blocks: {self.free_queue.num_free_blocks} free"
             )
         blocks = self.free_queue.popleft_n(num_blocks)
-        ref_cnt, block_hash, table = self.ref_cnt, self.block_hash, self.hash_to_block
+        ref_cnt, block_hash, in_map = self.ref_cnt, self.block_hash, self.in_map
+        table = self.hash_to_block
         for b in blocks:
-            h = block_hash[b]
-            if h is not None:
+            if in_map[b]:
+                h = block_hash[b]
                 entry = table.get(h)
                 if isinstance(entry, int) and entry == b:  # usual: the only block under its hash
                     del table[h]
                     block_hash[b] = None
+                    in_map[b] = False
                 else:
                     self._evict(b)
+            else:
+                block_hash[b] = None  # unhashed, or a private hash never published
             ref_cnt[b] = 1
         return blocks
 
@@ -241,7 +257,7 @@ class BlockPool:
                 f"cache_full_blocks: blocks[{num_cached_blocks}:{num_full_blocks}] and their "
                 f"hashes differ in length ({len(blocks)} blocks, {len(block_hashes)} hashes)"
             )
-        block_hash, table = self.block_hash, self.hash_to_block
+        block_hash = self.block_hash
         for i in range(num_cached_blocks, num_cached_blocks + num_blocks):
             b = blocks[i]
             h = block_hashes[i]
@@ -250,18 +266,36 @@ class BlockPool:
                 if current == h:
                     continue
                 raise AssertionError(f"block {b} already caches another prefix")
-            entry = table.get(h)
-            if entry is None:
-                table[h] = b
-            elif isinstance(entry, int):
-                if entry == b:
-                    continue
-                table[h] = [entry, b]
-            else:
-                if b in entry:
-                    continue
-                entry.append(b)
             block_hash[b] = h
+            if not (isinstance(h, int) and h < 0):  # private hashes wait for publish_private
+                self._map(b, h)
+
+    def publish_private(self, blocks: list[int], num_cached_blocks: int) -> None:
+        """Put the private hashes of a preempted request's registered blocks
+        (``blocks[:num_cached_blocks]``, before they are freed) into the hash map, so that it
+        can hit them when it is admitted again."""
+        block_hash, in_map = self.block_hash, self.in_map
+        for i in range(num_cached_blocks):
+            b = blocks[i]
+            h = block_hash[b]
+            if h is not None and not in_map[b]:
+                self._map(b, h)
+
+    def _map(self, b: int, h: BlockHash) -> None:
+        """Add (h, b) to the hash map, after the blocks already there under ``h``."""
+        table = self.hash_to_block
+        entry = table.get(h)
+        if entry is None:
+            table[h] = b
+        elif isinstance(entry, int):
+            if entry == b:
+                return
+            table[h] = [entry, b]
+        else:
+            if b in entry:
+                return
+            entry.append(b)
+        self.in_map[b] = True
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix; refused (False) while any block is referenced."""
@@ -269,11 +303,13 @@ class BlockPool:
             return False
         self.hash_to_block = {}
         self.block_hash = [None] * self.num_gpu_blocks
+        self.in_map = [False] * self.num_gpu_blocks
         return True
 
     def _evict(self, block_id: int) -> None:
         h = self.block_hash[block_id]
         self.block_hash[block_id] = None
+        self.in_map[block_id] = False
         entry = self.hash_to_block.get(h)
         if entry is None:
             return

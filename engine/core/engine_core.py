@@ -14,18 +14,13 @@ finished) and one ``StepRecord`` per applied step.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from engine.core.config import EngineConfig
 from engine.core.events import EventKind, EventLog
-from engine.core.fast_forward import (
-    AppliedRun,
-    IterationShape,
-    UniformDecodeRun,
-    apply_uniform_decode,
-    find_uniform_decode_run,
-)
+from engine.core.fast_apply import AppliedRun, apply_bulk_run
+from engine.core.fast_forward import BulkRun, find_bulk_run
 from engine.core.outputs import EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
 from engine.core.request import Request, RequestStatus
 from engine.core.scheduler import Scheduler
@@ -160,65 +155,62 @@ class EngineCore:
         )
         return outputs
 
-    # -- bulk decode runs -----------------------------------------------------------------------
-    def find_uniform_decode_run(self, token_id: int) -> UniformDecodeRun | None:
-        """Before ``begin_step``: the identical decode iterations that could be bulk-applied."""
-        return find_uniform_decode_run(self, token_id)
+    # -- bulk runs ------------------------------------------------------------------------------
+    def find_bulk_run(self, token_id: int) -> BulkRun | None:
+        """Before ``begin_step``: the iterations that could be bulk-applied from here."""
+        return find_bulk_run(self, token_id)
 
-    def apply_uniform_decode(
-        self,
-        run: UniformDecodeRun,
-        num_iterations: int,
-        token_id: int,
-        timing: RunTiming,
-        shapes: Sequence[IterationShape] | None = None,
+    def apply_bulk_run(
+        self, run: BulkRun, num_iterations: int, token_id: int, timing: RunTiming
     ) -> AppliedRun:
         """Apply ``num_iterations`` iterations of ``run`` exactly as step-by-step execution
-        would, with every request sampling ``token_id``; records tokens and steps.
-        ``shapes``: ``run.iteration_shapes()`` as far as the caller already computed them."""
+        would, with every sampling request sampling ``token_id``; records tokens and steps."""
         if any(len(v) != num_iterations for v in (
             timing.schedule_time_s, timing.execute_start_s, timing.execute_end_s,
             timing.update_time_s, timing.cost_s,
         )):
             raise ValueError("RunTiming lists must each hold num_iterations entries")
-        num_free_before = self.scheduler.kv_cache_manager.get_num_free_blocks()
         previous = self._in_flight[0] if run.is_async else None
-        applied = apply_uniform_decode(self, run, num_iterations, token_id, shapes)
+        applied = apply_bulk_run(self, run, num_iterations, token_id)
         if previous is not None:
             self._in_flight.popleft()
         if applied.last_scheduled is not None:
             self._in_flight.append(_InFlight(applied.last_scheduled, timing.schedule_time_s[-1]))
         self._must_finish = run.is_async  # the driver resumes with a full queue
-        self._record_run(run, applied, timing, previous, num_free_before)
+        self._record_run(run, applied, timing, previous)
         return applied
 
     def _record_run(
-        self,
-        run: UniformDecodeRun,
-        applied: AppliedRun,
-        timing: RunTiming,
-        previous: _InFlight | None,
-        num_free_before: int,
+        self, run: BulkRun, applied: AppliedRun, timing: RunTiming, previous: _InFlight | None
     ) -> None:
         log = self.event_log
         k_total = applied.num_iterations
         first_step = applied.applied_step_ids.start
         first_seen = self._first_token_seen
         updates = timing.update_time_s
-        ids = [req.req_id for req in run.requests]
-        for req_id in ids:
+        ids: list[str] = []
+        starts: list[int] = []
+        counts: list[int] = []
+        for i, req in enumerate(run.requests):
+            count = applied.token_count[i]
+            if not count:
+                continue
+            req_id = req.req_id
+            start = applied.token_start[i]
             if req_id not in first_seen:
                 first_seen.add(req_id)
-                log.record(req_id, EventKind.FIRST_TOKEN, updates[0])
-        log.extend_runs_each(
-            ids, first_step, [min(k_total, f + 1) for f in run.finish_iteration]
-        )
-        for j, finishing in enumerate(applied.finished_per_step):
-            for req_id in finishing:
-                self._record_finish(req_id, "length", updates[j])
+                log.record(req_id, EventKind.FIRST_TOKEN, updates[start])
+            ids.append(req_id)
+            starts.append(first_step + start)
+            counts.append(count)
+        log.extend_runs_from(ids, starts, counts)
+        requests = run.requests
+        for k in range(k_total):
+            for i in run.finishing(k):
+                self._record_finish(requests[i].req_id, "length", updates[k])
         usable = self.scheduler.kv_cache_manager.block_pool.num_gpu_blocks - 1
         # Under async scheduling the first applied step is the batch that was in flight: its
-        # own row. The iterations' schedules are the rest: pure decodes (constant columns).
+        # own row. The iterations' schedules are the rest.
         skip = 0
         if previous is not None:
             skip = 1
@@ -229,43 +221,43 @@ class EngineCore:
                 timing.execute_end_s[0],
                 updates[0],
                 applied.sampled_per_step[0],
-                len(applied.finished_per_step[0]),
+                run.num_finishing[0],
                 applied.num_running_after[0],
                 run.num_waiting,
                 1.0 - applied.free_blocks_after[0] / usable,
                 timing.cost_s[0],
                 self.replica,
             ))
-        rest = applied.shapes[: k_total - skip]
-        if not rest:
+        m = k_total - skip
+        if not m:
             return
-        m = len(rest)
-        n = [s.num_scheduled for s in rest]  # = tokens = decodes
+        num_tokens = run.num_tokens[:m]
+        num_decodes = run.num_decodes[:m]
+        num_prefill_tokens = [t - d for t, d in zip(num_tokens, num_decodes, strict=True)]
         zeros = [0] * m
-        log.record_step_rows(zip(  # STEP_COLUMNS order, as _step_row builds it
-            range(first_step + skip, first_step + k_total),
+        log.record_step_columns((  # STEP_COLUMNS order, as _step_row builds it
+            list(range(first_step + skip, first_step + k_total)),
             timing.schedule_time_s[:m],
             timing.execute_start_s[skip:],
             timing.execute_end_s[skip:],
             updates[skip:],
-            n,
-            n,
-            zeros,
-            zeros,
-            n,
-            [s.context_sum for s in rest],
+            run.num_reqs[:m],
+            num_tokens,
+            [1 if p else 0 for p in num_prefill_tokens],
+            num_prefill_tokens,
+            num_decodes,
+            run.context_sum[:m],
             applied.sampled_per_step[skip:],
             zeros,
             zeros,
             zeros,
-            [len(f) for f in applied.finished_per_step[skip:]],
+            run.num_finishing[skip:k_total],
             applied.num_running_after[skip:],
             [run.num_waiting] * m,
             [1.0 - free / usable for free in applied.free_blocks_after[skip:]],
-            [str(s.blocker) for s in rest],
+            [str(b) for b in run.blocker[:m]],
             timing.cost_s[skip:],
             [self.replica] * m,
-            strict=True,
         ))
 
     # -- events ---------------------------------------------------------------------------------

@@ -86,8 +86,9 @@ _INT_STEP_COLUMNS = frozenset(
 )
 
 
-#: Step rows buffered before they are converted into the typed columns (a few MB at most).
-STEP_ROWS_BUFFERED = 4096
+#: Steps buffered (as Python objects) before they are converted into the typed columns
+#: (≈ 400 bytes a step: a few MB at most).
+STEP_ROWS_BUFFERED = 16384
 
 
 class EventLog:
@@ -116,7 +117,10 @@ class EventLog:
             )
             for name in STEP_COLUMNS
         }
-        self._step_rows: list[tuple[object, ...]] = []  # appended rows not yet in the columns
+        # steps not yet in the typed columns: rows, and column buffers (bulk runs) before them
+        self._step_rows: list[tuple[object, ...]] = []
+        self._step_buf: list[list[object]] = [[] for _ in STEP_COLUMNS]
+        self._num_buffered = 0  # steps in the column buffers
         # step deliveries as two parallel typed arrays (a dict would cost ~100 bytes a step)
         self._delivered_step = array("q")
         self._delivered_time = array("d")
@@ -148,22 +152,12 @@ class EventLog:
             self._close_run(idx, run)
         self._open_runs[idx] = [step_id, 1]
 
-    def extend_runs(self, req_ids: list[str], first_step: int, num_steps: int) -> None:
-        """``num_steps`` consecutive tokens for each request, starting at ``first_step``."""
-        for req_id in req_ids:
-            idx = self._req_index[req_id]
-            run = self._open_runs.get(idx)
-            if run is not None and run[0] + run[1] == first_step:
-                run[1] += num_steps
-                continue
-            if run is not None:
-                self._close_run(idx, run)
-            self._open_runs[idx] = [first_step, num_steps]
-
-    def extend_runs_each(self, req_ids: list[str], first_step: int, counts: list[int]) -> None:
-        """``counts[i]`` consecutive tokens for ``req_ids[i]``, each starting at ``first_step``."""
+    def extend_runs_from(
+        self, req_ids: list[str], first_steps: list[int], counts: list[int]
+    ) -> None:
+        """``counts[i]`` consecutive tokens for ``req_ids[i]``, starting at ``first_steps[i]``."""
         index, open_runs = self._req_index, self._open_runs
-        for req_id, count in zip(req_ids, counts, strict=True):
+        for req_id, first_step, count in zip(req_ids, first_steps, counts, strict=True):
             if not count:
                 continue
             idx = index[req_id]
@@ -188,15 +182,33 @@ class EventLog:
 
     def record_step_row(self, row: tuple[object, ...]) -> None:
         """One step as a tuple in ``STEP_COLUMNS`` order (the engine's cheap path: values are
-        converted, and their types checked, when the buffered rows join the typed columns)."""
+        converted, and their types checked, when the buffered steps join the typed columns)."""
         self._step_rows.append(row)
-        if len(self._step_rows) >= STEP_ROWS_BUFFERED:
+        if len(self._step_rows) + self._num_buffered >= STEP_ROWS_BUFFERED:
             self._flush_step_rows()
 
     def record_step_rows(self, rows: Iterable[tuple[object, ...]]) -> None:
-        """Several ``record_step_row`` rows at once (the bulk decode path's records)."""
+        """Several ``record_step_row`` rows at once."""
         self._step_rows.extend(rows)
-        if len(self._step_rows) >= STEP_ROWS_BUFFERED:
+        if len(self._step_rows) + self._num_buffered >= STEP_ROWS_BUFFERED:
+            self._flush_step_rows()
+
+    def record_step_columns(self, columns: Sequence[Sequence[object]]) -> None:
+        """Several steps at once, one equal-length sequence per ``StepRecord`` field in
+        ``STEP_COLUMNS`` order (the bulk path's records: no rows are built). Like rows, the
+        values are converted and type-checked when the buffered steps join the typed
+        columns; ``record_steps`` checks at once."""
+        if len(columns) != len(STEP_COLUMNS):
+            raise ValueError(f"record_step_columns needs {len(STEP_COLUMNS)} columns")
+        n = len(columns[0])
+        for values in columns:
+            if len(values) != n:
+                raise ValueError("record_step_columns needs equal-length columns")
+        self._rows_to_buffer()
+        for buf, values in zip(self._step_buf, columns, strict=True):
+            buf.extend(values)
+        self._num_buffered += n
+        if self._num_buffered >= STEP_ROWS_BUFFERED:
             self._flush_step_rows()
 
     def record_steps(self, columns: Mapping[str, Sequence[object]]) -> None:
@@ -209,26 +221,37 @@ class EventLog:
         if set(columns) != set(STEP_COLUMNS) or len(lengths) != 1:
             raise ValueError("record_steps needs one equal-length list per StepRecord field")
         self._flush_step_rows()
-        self._append_columns({name: list(values) for name, values in columns.items()})
+        self._append_columns([list(columns[name]) for name in STEP_COLUMNS])
 
-    def _flush_step_rows(self) -> None:
+    def _rows_to_buffer(self) -> None:
+        """Move the buffered rows into the column buffers (one transposition, in C)."""
         rows = self._step_rows
         if not rows:
             return
-        transposed = zip(STEP_COLUMNS, zip(*rows, strict=True), strict=True)
-        self._append_columns({name: list(values) for name, values in transposed})
+        for buf, values in zip(self._step_buf, zip(*rows, strict=True), strict=True):
+            buf.extend(values)
+        self._num_buffered += len(rows)
         self._step_rows = []
 
-    def _append_columns(self, columns: dict[str, list[object]]) -> None:
-        """Convert each column to its typed array, then append them all (or nothing)."""
-        converted: dict[str, Any] = {}
-        for name in STEP_COLUMNS:
+    def _flush_step_rows(self) -> None:
+        """Convert every buffered step into the typed columns (all of them, or none)."""
+        self._rows_to_buffer()
+        if not self._num_buffered:
+            return
+        self._append_columns(self._step_buf)
+        self._step_buf = [[] for _ in STEP_COLUMNS]
+        self._num_buffered = 0
+
+    def _append_columns(self, columns: list[list[object]]) -> None:
+        """Convert each column (``STEP_COLUMNS`` order) to its typed array, then append them
+        all (or nothing: a value that does not fit raises ``TypeError`` naming its column)."""
+        converted: list[Any] = []
+        for name, values in zip(STEP_COLUMNS, columns, strict=True):
             col: Any = self._steps[name]
-            values = columns[name]
             if type(col) is list:
                 if not all(isinstance(v, str) for v in values):
                     raise TypeError(f"step column {name!r} takes strings")
-                converted[name] = values
+                converted.append(values)
                 continue
             block = array(col.typecode)
             try:
@@ -236,9 +259,9 @@ class EventLog:
             except (TypeError, OverflowError) as exc:
                 kind = "floats" if col.typecode == "d" else "integers"
                 raise TypeError(f"step column {name!r} takes {kind}: {exc}") from None
-            converted[name] = block
-        for name in STEP_COLUMNS:
-            self._steps[name].extend(converted[name])
+            converted.append(block)
+        for name, block in zip(STEP_COLUMNS, converted, strict=True):
+            self._steps[name].extend(block)
 
     def record_delivery(self, step_id: int, time_s: float) -> None:
         """The outputs of ``step_id`` reached the client at ``time_s``."""
@@ -289,7 +312,7 @@ class EventLog:
     # -- reading --------------------------------------------------------------------------------
     @property
     def num_steps(self) -> int:
-        return len(self._steps["step_id"]) + len(self._step_rows)
+        return len(self._steps["step_id"]) + self._num_buffered + len(self._step_rows)
 
     def events_columns(self) -> dict[str, object]:
         """Stage events as columns: req_index, kind, time_s, payload."""

@@ -1,163 +1,200 @@
-"""Exact bulk application of pure-decode steps ("uniform decode runs").
+"""Exact bulk application of engine iterations between decisions ("bulk runs"): finding them.
 
-When every running request is decoding one token per step, nothing waiting can be admitted and
-KV blocks cannot run out, consecutive engine steps follow a fixed pattern: each running request
-gets one token per step until it reaches its length limit and finishes. This module recognises
-such a state and applies ``K`` engine iterations at once with *exactly* the state changes ``K``
-calls of ``begin_step``/``finish_step`` would make — the same tokens, counters, finishes, block
-tables, block ids (popped from the free queue in the same order), frees, prefix-hash
-registrations (same order) — in time O(R + K + K·R/B) instead of O(K·R).
-``tests/core/test_fast_forward.py`` checks the equality on random states.
+Between two *decisions* — an admission, a preemption, a request arriving — the engine loop
+follows a fixed pattern: every running request decodes one token per iteration until it reaches
+its length limit, except possibly the **last** running request, which may still be prefilling
+(it takes what the token budget leaves after the decodes, chunk by chunk, then decodes too).
+This module recognises such a state and describes the iterations that follow it; ``fast_apply``
+applies ``K`` of them at once with *exactly* the state changes ``K`` calls of
+``begin_step``/``finish_step`` would make — the same tokens, counters, finishes, block tables,
+block ids (popped from the free queue in the same order), frees, prefix-hash registrations (same
+order) — in time O(R + K + K·R/B) instead of O(K·R). ``tests/core/test_fast_forward.py`` checks
+the equality on random states.
 
 One iteration is vLLM's engine loop body: ``schedule(S+k)`` then the update of the oldest batch
 — step ``S+k`` itself when synchronous, step ``S+k−1`` under async scheduling (one batch stays
 in flight, so updates lag one step, prefix caching lags one token, and a request whose last
 token is in flight is skipped by ``schedule()``, finishing at that iteration's update).
 
-Request ``i`` with ``n`` outputs, ``t`` known tokens, ``max_tokens`` M finishes at the update of
-iteration ``f_i = min(M − n, max_model_len − t) − 1``; synchronous runs schedule it in
-iterations ``0..f_i``, async runs in ``0..f_i−1``. A run never goes past the first finish while
-requests wait (a freed seat could admit one), nor past the last scheduled request.
+**Decoders.** A request in the steady decode state at iteration ``a`` (context ``c`` = its
+``num_computed_tokens`` before that schedule, ``n`` outputs, ``t`` known tokens, ``max_tokens``
+M) gets a token at the updates of iterations ``a, a+1, …`` and finishes at the update of
+``f = a + min(M − n, max_model_len − t) − 1``; it is scheduled (one token, context
+``c + k − a``) in iterations ``a..f`` when synchronous and ``a..f−1`` under async scheduling.
+Requests running at the start decode from ``a = 0``.
+
+**The tail prefiller.** The last running request may be mid-prefill. In iteration ``k`` it is
+scheduled ``min(remaining, token budget − decodes of iteration k)`` tokens (capped by the long
+prefill threshold as the scheduler caps it) until a chunk completes its prompt, at iteration
+``j``; from ``a = j + 1`` it is a decoder as above (synchronous: its first token came at the
+update of ``j``; async: it arrives at the update of ``j + 1``).
+
+**Limits.** A run never reaches an iteration whose ``schedule()`` would try to admit a waiting
+request (budget left and a free seat), one that would schedule nothing, nor one whose KV blocks
+might not fit (allocations are bounded by the free blocks at the start: frees during the run
+are not counted, so no preemption can occur).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from engine.core.outputs import (
-    AdmissionBlocker,
-    BatchShape,
-    CachedRequestData,
-    SchedulerOutput,
-)
-from engine.core.request import Request, RequestStatus
+from engine.core.outputs import AdmissionBlocker, BatchShape
+from engine.core.request import Request
 
 if TYPE_CHECKING:
     from engine.core.engine_core import EngineCore
-    from engine.core.scheduler import Scheduler
 
-_ALLOC, _CACHE, _FREE = 0, 1, 2  # event kinds, in their order within one (iteration, phase)
-_SCHEDULE, _UPDATE = 0, 1  # phases of an iteration
+NONE = AdmissionBlocker.NONE
+TOKEN_BUDGET = AdmissionBlocker.TOKEN_BUDGET
+MAX_NUM_SEQS = AdmissionBlocker.MAX_NUM_SEQS
 
+#: Iterations of shapes computed at a time once a run's decisions are known (shapes past the
+#: driver's horizon would be wasted work).
+SHAPE_CHUNK = 32
 
-@dataclass(slots=True)
-class IterationShape:
-    """What one iteration of a run schedules, and who finishes at its update."""
-
-    num_scheduled: int  # requests scheduled (one decode token each)
-    context_sum: int  # Σ num_computed_tokens of the scheduled requests, before the step
-    context_max: int  # max of those
-    finishing: tuple[str, ...]  # requests finishing at this iteration's update
-    blocker: AdmissionBlocker  # why this schedule() admits nobody (NONE: nobody waits)
-
-    # Written-out __init__s: compiled by mypyc (see engine/core/outputs.py's docstring).
-    def __init__(
-        self,
-        num_scheduled: int,
-        context_sum: int,
-        context_max: int,
-        finishing: tuple[str, ...],
-        blocker: AdmissionBlocker,
-    ) -> None:
-        self.num_scheduled = num_scheduled
-        self.context_sum = context_sum
-        self.context_max = context_max
-        self.finishing = finishing
-        self.blocker = blocker
-
-
-@dataclass(frozen=True, slots=True)
-class UniformDecodeRun:
-    """A state from which up to ``max_iterations`` decode iterations can be bulk-applied."""
-
-    requests: tuple[Request, ...]  # running requests, in running order
-    finish_iteration: tuple[int, ...]  # per request: the iteration whose update finishes it
-    max_iterations: int  # most iterations that stay bulk-applicable
-    first_step_id: int  # step id of the first schedule() of the run
-    num_waiting: int  # requests waiting throughout (admissions stay blocked)
-    token_budget: int
-    max_num_seqs: int
-    is_async: bool
-
-    def __init__(
-        self,
-        requests: tuple[Request, ...],
-        finish_iteration: tuple[int, ...],
-        max_iterations: int,
-        first_step_id: int,
-        num_waiting: int,
-        token_budget: int,
-        max_num_seqs: int,
-        is_async: bool,
-    ) -> None:
-        object.__setattr__(self, "requests", requests)
-        object.__setattr__(self, "finish_iteration", finish_iteration)
-        object.__setattr__(self, "max_iterations", max_iterations)
-        object.__setattr__(self, "first_step_id", first_step_id)
-        object.__setattr__(self, "num_waiting", num_waiting)
-        object.__setattr__(self, "token_budget", token_budget)
-        object.__setattr__(self, "max_num_seqs", max_num_seqs)
-        object.__setattr__(self, "is_async", is_async)
-
-    @property
-    def num_reqs(self) -> int:
-        return len(self.requests)
-
-    def first_applied_step_id(self) -> int:
-        """Step whose output the first iteration applies (one step earlier under async)."""
-        return self.first_step_id - 1 if self.is_async else self.first_step_id
-
-    def scheduled_iterations(self, i: int) -> int:
-        """Number of iterations (from 0) in which request ``i`` is scheduled."""
-        return self.finish_iteration[i] + (0 if self.is_async else 1)
-
-    def iteration_shapes(self) -> Iterator[IterationShape]:
-        """The shape of iterations 0, 1, …, max_iterations−1 (computed incrementally)."""
-        ends: dict[int, list[int]] = {}  # first iteration a request is no longer scheduled
-        finishes: dict[int, list[str]] = {}
-        for i, req in enumerate(self.requests):
-            ends.setdefault(self.scheduled_iterations(i), []).append(req.num_computed_tokens)
-            finishes.setdefault(self.finish_iteration[i], []).append(req.req_id)
-        active = sorted(r.num_computed_tokens for r in self.requests)
-        n = len(active)
-        csum = sum(active)
-        cmax = active[-1] if active else 0
-        running = n  # running at this iteration's schedule (finishes leave at updates)
-        for k in range(self.max_iterations):
-            gone = ends.get(k)
-            if gone:
-                n -= len(gone)
-                csum -= sum(gone)
-                for c in gone:
-                    active.remove(c)
-                cmax = active[-1] if active else 0
-            finishing = tuple(finishes.get(k, ()))
-            yield IterationShape(
-                n, csum + n * k, cmax + k if n else 0, finishing, self._blocker(n, running)
-            )
-            running -= len(finishing)
-
-    def _blocker(self, num_scheduled: int, num_running: int) -> AdmissionBlocker:
-        """Scheduler._schedule_waiting's verdict for a step that scheduled ``num_scheduled``
-        decodes with ``num_running`` running requests (NONE: nobody waits or one could be
-        admitted — the latter never happens inside a run)."""
-        if not self.num_waiting:
-            return AdmissionBlocker.NONE
-        if self.token_budget - num_scheduled <= 0:
-            return AdmissionBlocker.TOKEN_BUDGET
-        if num_running >= self.max_num_seqs:
-            return AdmissionBlocker.MAX_NUM_SEQS
-        return AdmissionBlocker.NONE
+NO_ITERATION = 1 << 60  # "never" (a native int for the compiled build: below 2**62)
 
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def find_uniform_decode_run(core: EngineCore, token_id: int) -> UniformDecodeRun | None:
-    """The uniform decode run available now (before ``begin_step``), or None.
+class BulkRun:
+    """A state from which up to ``max_iterations`` engine iterations can be bulk-applied, and
+    the shape of each iteration (parallel lists indexed by iteration, computed on demand by
+    ``ensure_shapes``).
+
+    Per request ``i`` (running order): it decodes in iterations ``[decode_start[i],
+    decode_end[i])`` with context ``context_at_start[i]`` at ``decode_start[i]``, and finishes
+    at the update of iteration ``finish_iteration[i]`` (``NO_ITERATION``: not known yet).
+    ``prefill_index`` is the tail prefiller's index (−1: none); its chunk in iteration ``k``
+    (``k`` ≤ ``prefill_done_iteration``) is ``prefill_chunk[k]`` tokens on
+    ``prefill_context[k]`` tokens of context. The requests finishing at the update of
+    iteration ``k`` are ``finishing(k)``, in running order.
+    """
+
+    def __init__(
+        self,
+        requests: list[Request],
+        first_step_id: int,
+        num_waiting: int,
+        token_budget: int,
+        max_num_seqs: int,
+        max_model_len: int,
+        long_prefill_threshold: int,
+        is_async: bool,
+    ) -> None:
+        self.requests = requests
+        self.first_step_id = first_step_id  # step id of the run's first schedule()
+        self.num_waiting = num_waiting  # requests waiting throughout (admissions stay blocked)
+        self.token_budget = token_budget
+        self.max_num_seqs = max_num_seqs
+        self.max_model_len = max_model_len
+        self.long_prefill_threshold = long_prefill_threshold
+        self.is_async = is_async
+        n = len(requests)
+        self.decode_start: list[int] = [0] * n
+        self.decode_end: list[int] = [0] * n
+        self.finish_iteration: list[int] = [0] * n
+        self.context_at_start: list[int] = [0] * n
+        self.prefill_index = -1
+        self.prefill_done_iteration = NO_ITERATION  # j: the prefiller's last chunk
+        self.prefill_chunk: list[int] = []
+        self.prefill_context: list[int] = []
+        # iteration shapes (one entry per iteration computed so far)
+        self.num_reqs: list[int] = []  # requests scheduled
+        self.num_tokens: list[int] = []  # tokens scheduled
+        self.num_decodes: list[int] = []  # requests scheduled exactly one token
+        self.context_sum: list[int] = []  # Σ context of those
+        self.context_max: list[int] = []  # max of those (0 if none)
+        self.num_sampling: list[int] = []  # requests that sample (all but a partial chunk)
+        self.blocker: list[AdmissionBlocker] = []  # schedule()'s admission verdict
+        self.num_finishing: list[int] = []  # requests finishing at the iteration's update
+        self.finish_pos: list[int] = []  # where they start in finish_order
+        self.finish_order: list[int] = []  # request indexes by finish iteration (stable)
+        self.limit = NO_ITERATION  # first iteration that may not be bulk-applied
+        self.max_kv_iterations = NO_ITERATION  # most iterations whose blocks surely fit
+        # incremental state of the shape computation
+        self._end_order: list[int] = []  # decoding requests by decode_end (stable)
+        self._end_ptr = 0
+        self._finish_ptr = 0
+        self._active: list[int] = []  # sorted offsets (context − start) of requests decoding
+        self._offset_sum = 0
+        self._running = n  # running requests at the next schedule()
+        self._x_join = NO_ITERATION  # iteration the prefiller starts decoding
+        self._x_context = 0  # the prefiller's context before its next chunk
+        self._x_num_tokens = 0  # its known tokens (constant while it prefills)
+
+    # -- the driver's view ----------------------------------------------------------------------
+    @property
+    def num_reqs_at_start(self) -> int:
+        return len(self.requests)
+
+    @property
+    def max_iterations(self) -> int:
+        """Most iterations that can be bulk-applied (exact once shapes reach the limit)."""
+        return self.limit if self.limit < self.max_kv_iterations else self.max_kv_iterations
+
+    def first_applied_step_id(self) -> int:
+        """Step whose output the first iteration applies (one step earlier under async)."""
+        return self.first_step_id - 1 if self.is_async else self.first_step_id
+
+    def ensure_shapes(self, num_iterations: int) -> int:
+        """Compute shapes through iteration ``num_iterations − 1`` (at most up to the run's
+        limits); returns how many iterations are available."""
+        have = len(self.num_reqs)
+        if have < num_iterations and have < self.max_iterations:
+            target = have + SHAPE_CHUNK
+            if target < num_iterations:
+                target = num_iterations
+            _extend_shapes(self, min(target, self.max_iterations))
+            have = len(self.num_reqs)
+        top = self.max_iterations
+        return have if have < top else top
+
+    def finishing(self, k: int) -> list[int]:
+        """Indexes of the requests finishing at the update of iteration ``k``."""
+        start = self.finish_pos[k]
+        return self.finish_order[start: start + self.num_finishing[k]]
+
+    def is_pure_decode(self, k: int) -> bool:
+        """Does iteration ``k`` schedule one token for each request, every one sampling?"""
+        return self.num_tokens[k] == self.num_sampling[k]
+
+    def batch_shape(self, k: int) -> BatchShape:
+        """The ``BatchShape`` of iteration ``k``'s schedule() (``advance_scheduled``'s)."""
+        q_lens: tuple[int, ...] = ()
+        ctx_lens: tuple[int, ...] = ()
+        if self.prefill_index >= 0 and k < len(self.prefill_chunk) and self.prefill_chunk[k] > 1:
+            q_lens = (self.prefill_chunk[k],)
+            ctx_lens = (self.prefill_context[k],)
+        return BatchShape(
+            num_reqs=self.num_reqs[k],
+            num_tokens=self.num_tokens[k],
+            prefill_query_lens=q_lens,
+            prefill_context_lens=ctx_lens,
+            num_decode_reqs=self.num_decodes[k],
+            decode_context_sum=self.context_sum[k],
+            decode_context_max=self.context_max[k],
+            num_sampling_reqs=self.num_sampling[k],
+        )
+
+    def blocker_of(self, num_scheduled_tokens: int, num_running: int) -> AdmissionBlocker:
+        """``_schedule_waiting``'s verdict for a schedule of ``num_scheduled_tokens`` with
+        ``num_running`` running requests, or NONE when an admission would be tried (or nobody
+        waits; the caller tells them apart)."""
+        if not self.num_waiting:
+            return NONE
+        if self.token_budget - num_scheduled_tokens <= 0:
+            return TOKEN_BUDGET
+        if num_running >= self.max_num_seqs:
+            return MAX_NUM_SEQS
+        return NONE
+
+
+def find_bulk_run(core: EngineCore, token_id: int) -> BulkRun | None:
+    """The bulk run available now (before ``begin_step``), or None.
 
     ``token_id`` is the token every request will sample (the simulator's placeholder); it must
     not be an EOS or stop token of any running request.
@@ -167,335 +204,312 @@ def find_uniform_decode_run(core: EngineCore, token_id: int) -> UniformDecodeRun
     if not running or sched.preempted_req_ids:
         return None
     is_async = core.batch_queue_size == 2
-    in_flight: dict[str, int] = {}
+    num_reqs = len(running)
+    pending_tokens: dict[str, int] = {}
+    pending_partial: set[str] = set()
     if is_async:
-        # The batch in flight must hold every running request, each completing its prefill
-        # or decoding (a final prefill chunk is fine: its request decodes from now on).
+        # The batch in flight must hold every running request (a partial chunk only for the
+        # last one, the prefiller).
         if core.num_in_flight != 1:
             return None
         pending = core.oldest_in_flight()
-        if pending.partial_prefill_req_ids or len(pending.num_scheduled_tokens) != len(running):
+        pending_tokens = pending.num_scheduled_tokens
+        pending_partial = pending.partial_prefill_req_ids
+        if len(pending_tokens) != num_reqs or len(pending_partial) > 1:
             return None
-        in_flight = pending.num_scheduled_tokens
-        for req, req_id in zip(running, in_flight, strict=True):
-            if req.req_id != req_id:
-                return None
     elif core.num_in_flight:
         return None
-    num_reqs = len(running)
-    if num_reqs > sched.token_budget:
+    budget = sched.token_budget
+    if num_reqs > budget:
         return None
+    last = running[-1]
+    prefilling = _is_prefiller(last, pending_partial, is_async)
     num_waiting = len(sched.waiting)
-    if num_waiting and num_reqs < sched.token_budget and num_reqs < sched.max_num_seqs:
-        return None  # the next schedule() may admit (the same checks as _schedule_waiting)
+    if num_waiting and num_reqs < sched.max_num_seqs:
+        # does the next schedule() leave budget to try an admission?
+        if not prefilling:
+            if num_reqs < budget:
+                return None
+        else:
+            chunk = last.num_tokens - last.num_computed_tokens
+            threshold = sched.long_prefill_token_threshold
+            if 0 < threshold < chunk:
+                chunk = threshold
+            if chunk < budget - (num_reqs - 1):
+                return None
+    if is_async:
+        for req, req_id in zip(running, pending_tokens, strict=True):
+            if req.req_id != req_id:
+                return None
+    run = BulkRun(
+        requests=list(running),
+        first_step_id=sched.first_step_id + sched.num_steps,
+        num_waiting=num_waiting,
+        token_budget=budget,
+        max_num_seqs=sched.max_num_seqs,
+        max_model_len=sched.max_model_len,
+        long_prefill_threshold=sched.long_prefill_token_threshold,
+        is_async=is_async,
+    )
+    if not _set_up_requests(run, core, token_id, pending_tokens, prefilling):
+        return None
+    if num_waiting:
+        # Admissions must stay blocked throughout: shapes are computed up to the first
+        # iteration that might admit (the limit).
+        _extend_shapes(run, NO_ITERATION)
+    else:
+        # the prefiller's decode interval (needed for the KV bound) is known once its
+        # prefill is planned
+        while run.prefill_index >= 0 and run.prefill_done_iteration == NO_ITERATION and (
+            len(run.num_reqs) < run.limit
+        ):
+            _extend_shapes(run, len(run.num_reqs) + SHAPE_CHUNK)
+    _limit_by_free_blocks(run, sched.block_size, sched.kv_cache_manager.get_num_free_blocks())
+    if run.max_iterations < 1 or run.ensure_shapes(1) < 1:
+        return None
+    return run
+
+
+def _is_prefiller(req: Request, pending_partial: set[str], is_async: bool) -> bool:
+    """Is the (last running) request mid-prefill, more than its last token left to compute?"""
+    if req.num_output_placeholders:
+        return False
+    if is_async:
+        return req.req_id in pending_partial and req.num_tokens > req.num_computed_tokens
+    return req.num_tokens - req.num_computed_tokens >= 2 and not req.num_in_flight_tokens
+
+
+def _set_up_requests(
+    run: BulkRun, core: EngineCore, token_id: int, pending_tokens: dict[str, int],
+    prefilling: bool,
+) -> bool:
+    """Check every request's state and fill in its decode interval; False: no run here."""
+    sched = core.scheduler
     bs = sched.block_size
     max_model_len = sched.max_model_len
+    is_async = run.is_async
     expected_ph = 1 if is_async else 0
-    lag = 0 if is_async else 1  # num_tokens - num_computed_tokens in the steady state
-    finish: list[int] = []
-    for req in running:
+    lag = 0 if is_async else 1  # num_tokens − num_computed_tokens in the steady state
+    requests = run.requests
+    num_reqs = len(requests)
+    decoders = num_reqs - 1 if prefilling else num_reqs
+    d_end = 1 if is_async else 0
+    starts, ends, finishes = run.decode_start, run.decode_end, run.finish_iteration
+    contexts = run.context_at_start
+    active: list[int] = []
+    for i in range(num_reqs):
+        req = requests[i]
         c = req.num_computed_tokens
         if (
-            req.num_output_placeholders != expected_ph
-            or req.num_in_flight_tokens != (in_flight[req.req_id] if is_async else 0)
-            or req.num_stale_output_tokens
-            or req.num_tokens - c != lag
+            req.num_stale_output_tokens
             or len(req.block_ids) != _cdiv(c, bs)
             or token_id == req.eos_token_id
             or token_id in req.stop_token_ids
+            or req.num_in_flight_tokens != (pending_tokens[req.req_id] if is_async else 0)
         ):
-            return None
-        finish.append(
-            min(req.max_tokens - len(req.output_token_ids), max_model_len - req.num_tokens) - 1
-        )
-    if num_waiting:
-        max_iter = min(finish) + 1  # a finish frees a seat: the next schedule may admit
-        if is_async and num_reqs - finish.count(min(finish)) < sched.token_budget and (
-            num_reqs < sched.max_num_seqs
-        ):
-            max_iter -= 1  # the async skip of the finishing request leaves budget to admit
-    else:
-        max_iter = max(finish) + (0 if is_async else 1)  # every iteration schedules someone
-    max_iter = _limit_by_free_blocks(
-        running, finish, is_async, max_iter, bs, sched.kv_cache_manager.get_num_free_blocks()
-    )
-    if max_iter < 1:
-        return None
-    return UniformDecodeRun(
-        requests=tuple(running),
-        finish_iteration=tuple(finish),
-        max_iterations=max_iter,
-        first_step_id=sched.first_step_id + sched.num_steps,
-        num_waiting=num_waiting,
-        token_budget=sched.token_budget,
-        max_num_seqs=sched.max_num_seqs,
-        is_async=is_async,
-    )
-
-
-def _num_allocs(
-    requests: list[Request], finish: list[int], is_async: bool, iterations: int, bs: int
-) -> int:
-    d = 0 if is_async else 1
+            return False
+        if i == decoders:  # the prefiller
+            run.prefill_index = i
+            run._x_context = c
+            run._x_num_tokens = req.num_tokens
+            starts[i] = ends[i] = finishes[i] = NO_ITERATION
+            continue
+        if req.num_output_placeholders != expected_ph or req.num_tokens - c != lag:
+            return False
+        f = min(req.max_tokens - len(req.output_token_ids), max_model_len - req.num_tokens) - 1
+        finishes[i] = f
+        ends[i] = f + 1 - d_end
+        contexts[i] = c
+        if f + 1 - d_end > 0:
+            active.append(c)
+    active.sort()
+    run._active = active
     total = 0
-    for req, f in zip(requests, finish, strict=True):
-        c = req.num_computed_tokens
-        total += _cdiv(c + min(iterations, f + d), bs) - _cdiv(c, bs)
+    for c in active:
+        total += c
+    run._offset_sum = total
+    # orders by iteration, ties in running order (sorting packed ints: key << bits | index)
+    bits = num_reqs.bit_length()
+    mask = (1 << bits) - 1
+    keys = [(ends[i] << bits) | i for i in range(decoders) if ends[i] > 0]
+    keys.sort()
+    run._end_order = [key & mask for key in keys]
+    keys = [(finishes[i] << bits) | i for i in range(num_reqs)]
+    keys.sort()
+    run.finish_order = [key & mask for key in keys]
+    return True
+
+
+def _insert_sorted(values: list[int], v: int) -> None:
+    lo, hi = 0, len(values)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if values[mid] <= v:
+            lo = mid + 1
+        else:
+            hi = mid
+    values.insert(lo, v)
+
+
+def _insert_by_key(order: list[int], lo: int, i: int, keys: list[int]) -> None:
+    """Insert index ``i`` into ``order[lo:]`` (sorted by ``keys``) after its equals."""
+    hi = len(order)
+    key = keys[i]
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if keys[order[mid]] <= key:
+            lo = mid + 1
+        else:
+            hi = mid
+    order.insert(lo, i)
+
+
+def _extend_shapes(run: BulkRun, upto: int) -> None:
+    """Compute iteration shapes until ``upto`` iterations exist or the run's limit is met."""
+    k = len(run.num_reqs)
+    active = run._active
+    end_order, ends = run._end_order, run.decode_end
+    finish_order, finishes = run.finish_order, run.finish_iteration
+    x = run.prefill_index
+    num_reqs_total = len(run.requests)
+    while k < upto and k < run.limit:
+        ptr = run._end_ptr
+        while ptr < len(end_order) and ends[end_order[ptr]] <= k:
+            i = end_order[ptr]
+            v = run.context_at_start[i] - run.decode_start[i]
+            active.remove(v)
+            run._offset_sum -= v
+            ptr += 1
+        run._end_ptr = ptr
+        if k == run._x_join:
+            v = run.context_at_start[x] - k
+            _insert_sorted(active, v)
+            run._offset_sum += v
+        n = len(active)
+        csum = run._offset_sum + n * k
+        cmax = active[-1] + k if n else 0
+        num_reqs, num_tokens, num_decodes, num_sampling = n, n, n, n
+        if x >= 0 and run.prefill_done_iteration == NO_ITERATION:
+            q = _prefill_chunk(run, n)
+            if q <= 0:
+                run.limit = k  # the prefiller would get nothing: not a run state
+                break
+            c = run._x_context
+            run.prefill_chunk.append(q)
+            run.prefill_context.append(c)
+            num_reqs += 1
+            num_tokens += q
+            if q == 1:  # a one-token chunk counts as a decode in the batch shape
+                num_decodes += 1
+                csum += c
+                if c > cmax:
+                    cmax = c
+            run._x_context = c + q
+            if c + q >= run._x_num_tokens:
+                _prefill_done(run, k)
+                num_sampling += 1
+        if num_reqs == 0:
+            run.limit = k  # nothing would be scheduled
+            break
+        blocker = run.blocker_of(num_tokens, run._running)
+        if run.num_waiting and blocker == NONE:
+            run.limit = k  # this schedule() would try to admit
+            break
+        start = ptr = run._finish_ptr
+        while ptr < num_reqs_total and finishes[finish_order[ptr]] <= k:
+            ptr += 1
+        run._finish_ptr = ptr
+        run.num_reqs.append(num_reqs)
+        run.num_tokens.append(num_tokens)
+        run.num_decodes.append(num_decodes)
+        run.context_sum.append(csum)
+        run.context_max.append(cmax)
+        run.num_sampling.append(num_sampling)
+        run.blocker.append(blocker)
+        run.finish_pos.append(start)
+        run.num_finishing.append(ptr - start)
+        run._running -= ptr - start
+        k += 1
+
+
+def _prefill_chunk(run: BulkRun, num_decodes: int) -> int:
+    """Tokens ``_schedule_running`` gives the prefiller after ``num_decodes`` decodes."""
+    c = run._x_context
+    num_new = run._x_num_tokens - c
+    threshold = run.long_prefill_threshold if run._running + run.num_waiting > 1 else 0
+    if 0 < threshold < num_new:
+        num_new = threshold
+    left = run.token_budget - num_decodes
+    if num_new > left:
+        num_new = left
+    if num_new > run.max_model_len - 1 - c:
+        num_new = run.max_model_len - 1 - c
+    return num_new
+
+
+def _prefill_done(run: BulkRun, j: int) -> None:
+    """The prefiller's chunk of iteration ``j`` completes its known tokens: from ``j + 1`` it
+    decodes (context = its known tokens) until its finish."""
+    run.prefill_done_iteration = j
+    i = run.prefill_index
+    req = run.requests[i]
+    t = run._x_num_tokens
+    n = len(req.output_token_ids)
+    start = j + 1
+    if run.is_async:  # its first token is in flight at j + 1
+        finish = start + min(req.max_tokens - n, run.max_model_len - t) - 1
+        end = finish
+    else:  # its first token came at the update of j (which may end it: finish = j)
+        finish = start + min(req.max_tokens - n - 1, run.max_model_len - t - 1) - 1
+        end = finish + 1
+    run.decode_start[i] = start
+    run.decode_end[i] = end
+    run.context_at_start[i] = t
+    run.finish_iteration[i] = finish
+    # it was last in finish order (unknown finish): move it among the unconsumed entries
+    run.finish_order.remove(i)
+    _insert_by_key(run.finish_order, run._finish_ptr, i, run.finish_iteration)
+    if end > start:
+        run._x_join = start
+        _insert_by_key(run._end_order, run._end_ptr, i, run.decode_end)
+
+
+def _num_allocs(run: BulkRun, iterations: int, bs: int) -> int:
+    """KV blocks the first ``iterations`` iterations allocate (frees not counted)."""
+    total = 0
+    starts, ends, contexts = run.decode_start, run.decode_end, run.context_at_start
+    for i in range(len(run.requests)):
+        start = starts[i]
+        if iterations > start:
+            scheduled = (iterations if iterations < ends[i] else ends[i]) - start
+            if scheduled > 0:
+                c = contexts[i]
+                total += _cdiv(c + scheduled, bs) - _cdiv(c, bs)
+    chunks = min(iterations, len(run.prefill_chunk))
+    if chunks > 0:
+        end = run.prefill_context[chunks - 1] + run.prefill_chunk[chunks - 1]
+        total += _cdiv(end, bs) - _cdiv(run.prefill_context[0], bs)
     return total
 
 
-def _limit_by_free_blocks(
-    requests: list[Request], finish: list[int], is_async: bool, max_iter: int, bs: int, free: int
-) -> int:
-    """Largest K <= max_iter whose block allocations all fit in ``free`` blocks (frees of
-    finishing requests during the run are not counted: conservative)."""
-    if max_iter < 1 or _num_allocs(requests, finish, is_async, max_iter, bs) <= free:
-        return max_iter
-    lo, hi = 0, max_iter  # allocs(lo) fits, allocs(hi) does not
+def _limit_by_free_blocks(run: BulkRun, bs: int, free: int) -> None:
+    """Largest K whose block allocations all fit in ``free`` blocks (conservative: frees of
+    finishing requests during the run are not counted)."""
+    hi = run.limit
+    if hi == NO_ITERATION:  # no waiting: the last iteration that schedules anyone
+        hi = len(run.prefill_chunk)
+        for i in range(len(run.requests)):
+            e = run.decode_end[i]
+            if hi < e < NO_ITERATION:
+                hi = e
+    if _num_allocs(run, hi, bs) <= free:
+        run.max_kv_iterations = hi
+        return
+    lo = 0  # allocs(lo) fits, allocs(hi) does not
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if _num_allocs(requests, finish, is_async, mid, bs) <= free:
+        if _num_allocs(run, mid, bs) <= free:
             lo = mid
         else:
             hi = mid
-    return lo
-
-
-@dataclass(frozen=True, slots=True)
-class AppliedRun:
-    """What ``apply_uniform_decode`` did, for the driver's records."""
-
-    num_iterations: int
-    applied_step_ids: range  # steps whose outputs were applied, in order
-    shapes: list[IterationShape]  # of the iterations' schedules
-    sampled_per_step: list[int]  # tokens each applied step produced
-    finished_per_step: list[tuple[str, ...]]  # requests each applied step finished
-    num_running_after: list[int]  # running requests after each update
-    free_blocks_after: list[int]  # free blocks after each update
-    last_scheduled: SchedulerOutput | None  # async: the batch left in flight
-
-    def __init__(
-        self,
-        num_iterations: int,
-        applied_step_ids: range,
-        shapes: list[IterationShape],
-        sampled_per_step: list[int],
-        finished_per_step: list[tuple[str, ...]],
-        num_running_after: list[int],
-        free_blocks_after: list[int],
-        last_scheduled: SchedulerOutput | None,
-    ) -> None:
-        object.__setattr__(self, "num_iterations", num_iterations)
-        object.__setattr__(self, "applied_step_ids", applied_step_ids)
-        object.__setattr__(self, "shapes", shapes)
-        object.__setattr__(self, "sampled_per_step", sampled_per_step)
-        object.__setattr__(self, "finished_per_step", finished_per_step)
-        object.__setattr__(self, "num_running_after", num_running_after)
-        object.__setattr__(self, "free_blocks_after", free_blocks_after)
-        object.__setattr__(self, "last_scheduled", last_scheduled)
-
-
-def apply_uniform_decode(
-    core: EngineCore,
-    run: UniformDecodeRun,
-    num_iterations: int,
-    token_id: int,
-    shapes: Sequence[IterationShape] | None = None,
-) -> AppliedRun:
-    """Apply ``num_iterations`` (1..run.max_iterations) iterations of ``run`` to the scheduler.
-
-    ``shapes``, when the caller already walked ``run.iteration_shapes()``, are its first
-    ``num_iterations`` (or more) items, reused instead of computed again.
-    Event records (token runs, first tokens, finishes, step records) are the caller's: see
-    ``EngineCore.apply_uniform_decode``.
-    """
-    if not 1 <= num_iterations <= run.max_iterations:
-        raise ValueError(f"num_iterations must be in [1, {run.max_iterations}]")
-    if shapes is not None and len(shapes) < num_iterations:
-        raise ValueError(f"{len(shapes)} shapes given for {num_iterations} iterations")
-    sched = core.scheduler
-    kv = sched.kv_cache_manager
-    bs = sched.block_size
-    k_total = num_iterations
-    d = 1 if run.is_async else 0
-    requests = run.requests
-    starts = [r.num_computed_tokens for r in requests]
-    shapes = (
-        list(_take(run.iteration_shapes(), k_total)) if shapes is None else list(shapes[:k_total])
-    )
-    finished_before = set(sched.finished_req_ids)  # shipped by the run's first schedule()
-    # 1. Per-request tokens, counters and hashes (independent across requests).
-    events: list[tuple[int, int, int, int, int]] = []  # (iteration, phase, request, kind, arg)
-    caching = kv.enable_caching
-    for i, req in enumerate(requests):
-        c, f = starts[i], run.finish_iteration[i]
-        scheduled = min(k_total, run.scheduled_iterations(i))
-        appended = min(k_total, f + 1)
-        req.output_token_ids.extend([token_id] * appended)
-        all_ids = req._all_token_ids
-        if all_ids is not None:
-            all_ids.extend([token_id] * appended)
-        req.num_tokens += appended
-        req.num_computed_tokens += scheduled
-        req.is_prefill_chunk = False
-        if run.is_async:
-            req.num_in_flight_tokens = 1 if f >= k_total else 0
-            req.num_output_placeholders = 1 if f >= k_total else 0
-        if req.block_hasher is not None:
-            req.block_hasher.extend(req)
-        # 2. Block events, to be applied in the step-by-step scheduler's exact order.
-        for k in range((-c) % bs, scheduled, bs):  # a new block when c + k hits a boundary
-            events.append((k, _SCHEDULE, i, _ALLOC, 0))
-        if caching:
-            _cache_events(events, i, c, req.num_cached_blocks, scheduled, bs, d)
-        if f < k_total:
-            if run.is_async and caching:
-                # the finishing update caches up to the processed position, then frees
-                events.append((f, _UPDATE, i, _CACHE, (c + f) // bs))
-            events.append((f, _UPDATE, i, _FREE, 0))
-    events.sort()
-    pool = kv.block_pool
-    free_after: list[int] = []
-    finished: list[tuple[str, ...]] = []
-    it = 0
-    num_free = pool.get_num_free_blocks()
-    for k, _phase, i, kind, arg in events:
-        while it < k:  # iterations that had no more events: record their end state
-            free_after.append(num_free)
-            it += 1
-        req = requests[i]
-        if kind == _ALLOC:
-            req.block_ids.extend(pool.get_new_blocks(1))
-        elif kind == _CACHE:
-            kv.cache_blocks(req, arg * bs)
-        else:
-            _finish(sched, req)
-        num_free = pool.get_num_free_blocks()
-    while it < k_total:
-        free_after.append(num_free)
-        it += 1
-    # 3. Scheduler bookkeeping, as after the last iteration.
-    gone = {r.req_id for i, r in enumerate(requests) if run.finish_iteration[i] < k_total}
-    if gone:
-        sched.running = [r for r in sched.running if r.req_id not in gone]
-    for shape in shapes:
-        finished.append(shape.finishing)
-    sched.num_steps += k_total
-    sched.finished_req_ids = set(shapes[-1].finishing)
-    sched.prev_step_scheduled_req_ids = {
-        r.req_id for i, r in enumerate(requests) if run.scheduled_iterations(i) > k_total - 1
-    }
-    running_after = []
-    n_running = len(requests)
-    for shape in shapes:
-        n_running -= len(shape.finishing)
-        running_after.append(n_running)
-    if run.is_async:
-        first_sampled = len(core.oldest_in_flight().num_scheduled_tokens)
-        sampled = [first_sampled] + [s.num_scheduled for s in shapes[:-1]]
-    else:
-        sampled = [s.num_scheduled for s in shapes]
-    last = None
-    if run.is_async:
-        shipped = set(shapes[-2].finishing) if k_total > 1 else finished_before
-        last = _last_scheduled_output(run, k_total, starts, shapes[-1], shipped, bs)
-    first_applied = run.first_applied_step_id()
-    return AppliedRun(
-        num_iterations=k_total,
-        applied_step_ids=range(first_applied, first_applied + k_total),
-        shapes=shapes,
-        sampled_per_step=sampled,
-        finished_per_step=finished,
-        num_running_after=running_after,
-        free_blocks_after=free_after,
-        last_scheduled=last,
-    )
-
-
-def _take(it: Iterator[IterationShape], n: int) -> Iterator[IterationShape]:
-    for _ in range(n):
-        yield next(it)
-
-
-def _finish(sched: Scheduler, req: Request) -> None:
-    """The length stop: what ``update_from_output`` does when a request's last token lands."""
-    req.status = RequestStatus.FINISHED_LENGTH_CAPPED
-    sched.finished_req_ids.add(req.req_id)
-    sched.kv_cache_manager.free(req)
-    del sched.requests[req.req_id]
-
-
-def _cache_events(
-    events: list[tuple[int, int, int, int, int]],
-    i: int,
-    c: int,
-    m: int,
-    scheduled: int,
-    bs: int,
-    d: int,
-) -> None:
-    """Prefix-cache registrations of request ``i`` at its schedules.
-
-    schedule() of iteration k registers the full blocks covering ``c + k + 1 - d`` tokens
-    (``d`` = 1 under async scheduling, where the known tokens lag one behind); the count only
-    grows, by one block each time that position crosses a block boundary.
-    """
-    if scheduled < 1:
-        return
-    target = (c + 1 - d) // bs
-    if target > m:
-        events.append((0, _SCHEDULE, i, _CACHE, target))
-        m = target
-    first = (-(c + 1 - d)) % bs or bs
-    for k in range(first, scheduled, bs):
-        target = (c + k + 1 - d) // bs
-        if target > m:
-            events.append((k, _SCHEDULE, i, _CACHE, target))
-            m = target
-
-
-def _last_scheduled_output(
-    run: UniformDecodeRun,
-    k_total: int,
-    starts: list[int],
-    shape: IterationShape,
-    finished_req_ids: set[str],
-    bs: int,
-) -> SchedulerOutput:
-    """The SchedulerOutput of the run's last schedule() (async: it stays in flight)."""
-    last_k = k_total - 1
-    reqs = [
-        (r, c) for i, (r, c) in enumerate(zip(run.requests, starts, strict=True))
-        if run.scheduled_iterations(i) > last_k
-    ]
-    ids = [r.req_id for r, _ in reqs]
-    cached = CachedRequestData(
-        req_ids=ids,
-        new_block_ids=[[r.block_ids[-1]] if (c + last_k) % bs == 0 else None for r, c in reqs],
-        num_computed_tokens=[c + last_k for _, c in reqs],
-        # known outputs + the one placeholder in flight at that schedule() = final count
-        num_output_tokens=[len(r.output_token_ids) for r, _ in reqs],
-    )
-    n = shape.num_scheduled
-    batch = BatchShape(
-        num_reqs=n,
-        num_tokens=n,
-        prefill_query_lens=(),
-        prefill_context_lens=(),
-        num_decode_reqs=n,
-        decode_context_sum=shape.context_sum,
-        decode_context_max=shape.context_max,
-        num_sampling_reqs=n,
-    )
-    return SchedulerOutput(
-        step_id=run.first_step_id + last_k,
-        scheduled_new_reqs=[],
-        scheduled_cached_reqs=cached,
-        num_scheduled_tokens=dict.fromkeys(ids, 1),
-        total_num_scheduled_tokens=n,
-        partial_prefill_req_ids=set(),
-        preempted_req_ids=set(),
-        finished_req_ids=finished_req_ids,
-        batch_shape=batch,
-        admission_blocker=shape.blocker,
-    )
+    run.max_kv_iterations = lo

@@ -77,9 +77,11 @@ class PrecomputedBlockHasher:
     ``prompt_block_hashes[i]`` must identify the prefix ending at block ``i`` (as trace hash ids
     and the simulator's shared-prefix generator do). Keys past the prompt's full blocks are
     unique per ``(unique_id, block_index)``, so they can never collide with another request's
-    blocks as long as ``unique_id`` is unique among live requests: a negative int when
+    blocks as long as ``unique_id`` is unique among the engine's requests: a negative int when
     ``unique_id`` is a non-negative int (cheap to hash: the simulator's case; prompt keys must
-    then not be negative ints), else the tuple ``("gen", unique_id, block_index)``.
+    then not be negative ints), else the tuple ``("gen", unique_id, block_index)``. Negative-int
+    keys are *private* to their request: the block pool maps them only when it is preempted
+    (``block_pool``), so another request could never hit them.
     """
 
     __slots__ = ("block_size", "prompt_block_hashes", "unique_id")

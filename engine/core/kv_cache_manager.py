@@ -211,6 +211,13 @@ class KVCacheManager:
         )
         request.num_cached_blocks = num_full
 
+    def free_preempted(self, request: Request) -> None:
+        """``free`` for a request that will be admitted again: its private block hashes enter
+        the hash map first, so its readmission can hit them (see ``block_pool``)."""
+        if self.enable_caching and request.num_cached_blocks:
+            self.block_pool.publish_private(request.block_ids, request.num_cached_blocks)
+        self.free(request)
+
     def free(self, request: Request) -> None:
         """Release the request's blocks, tail first (deepest blocks are evicted first)."""
         blocks = request.block_ids

@@ -16,6 +16,8 @@ import enum
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from engine.core.hashing import PrecomputedBlockHasher
+
 # Re-exported: validation stays interpreted when this module is compiled (see the module).
 from engine.core.sampling_params import SamplingParams as SamplingParams
 
@@ -177,11 +179,7 @@ class Request:
         if self._all_token_ids is not None:
             self._all_token_ids.append(token_id)
         self.num_tokens += 1
-        hasher = self.block_hasher
-        if hasher is not None and self.num_tokens >= (len(self.block_hashes) + 1) * (
-            hasher.block_size
-        ):
-            hasher.extend(self)
+        self.hash_full_blocks()
 
     def append_sampled_token(self, token_id: int, max_model_len: int) -> bool:
         """Append one sampled token, then apply vLLM 0.33.0's ``check_stop`` to it.
@@ -199,9 +197,7 @@ class Request:
         if all_ids is not None:
             all_ids.append(token_id)
         num_tokens = self.num_tokens = self.num_tokens + 1
-        hasher = self.block_hasher
-        if hasher is not None and num_tokens >= (len(self.block_hashes) + 1) * hasher.block_size:
-            hasher.extend(self)
+        self.hash_full_blocks()
         if token_id == self.eos_token_id:
             self.status = RequestStatus.FINISHED_STOPPED
             return True
@@ -213,6 +209,17 @@ class Request:
             self.status = RequestStatus.FINISHED_LENGTH_CAPPED
             return True
         return False
+
+    def hash_full_blocks(self) -> None:
+        """Extend ``block_hashes`` to every full block of the known tokens (if a block became
+        full since the last call)."""
+        hasher = self.block_hasher
+        if hasher is None or self.num_tokens < (len(self.block_hashes) + 1) * hasher.block_size:
+            return
+        if isinstance(hasher, PrecomputedBlockHasher):
+            hasher.extend(self)  # the simulator's hasher: a native call when compiled
+        else:
+            hasher.extend(self)
 
     # -- status ---------------------------------------------------------------------------------
     def is_finished(self) -> bool:

@@ -282,7 +282,7 @@ class Scheduler:
 
     def _preempt_request(self, request: Request, drop_stale_output: bool = False) -> None:
         """Free the request's KV and put it back at the front of the waiting queue."""
-        self.kv_cache_manager.free(request)
+        self.kv_cache_manager.free_preempted(request)
         request.status = PREEMPTED
         request.num_computed_tokens = 0
         request.drop_stale_output = drop_stale_output or (

@@ -146,13 +146,13 @@ def test_bulk_run_equals_step_by_step(seed: int, k_frac: float) -> None:
             core.add_request(pending.pop(0), float(step))
         if not pending and not core.has_work():
             break
-        run = core.find_uniform_decode_run(TOKEN)
+        run = core.find_bulk_run(TOKEN)
         if run is not None and rng.random() < 0.5:
             k = 1 + int(k_frac * (run.max_iterations - 1))
             bulk = copy.deepcopy(core)
-            bulk_run = bulk.find_uniform_decode_run(TOKEN)
+            bulk_run = bulk.find_bulk_run(TOKEN)
             assert bulk_run is not None
-            bulk.apply_uniform_decode(bulk_run, k, TOKEN, _timing(k, float(step)))
+            bulk.apply_bulk_run(bulk_run, k, TOKEN, _timing(k, float(step)))
             for i in range(k):
                 _iterate(core, float(step + i))
             assert _state(bulk) == _state(core)
@@ -179,13 +179,13 @@ def test_fast_path_applies_on_a_plain_decode_batch() -> None:
             0.0,
         )
     _iterate(core, 0.0)  # prefill all three, first tokens sampled
-    run = core.find_uniform_decode_run(TOKEN)
+    run = core.find_bulk_run(TOKEN)
     assert run is not None
     # request "0" has 1 output of 10: it finishes at the update of iteration 8, "1" at 18,
     # "2" at 28; synchronous iterations 0..28 each schedule at least one request
-    assert run.finish_iteration == (8, 18, 28)
-    assert run.max_iterations == 29 and run.num_reqs == 3
-    shapes = list(run.iteration_shapes())
-    assert [s.num_scheduled for s in shapes[:10]] == [3] * 9 + [2]
-    assert shapes[0].context_sum == 15 and shapes[9].context_sum == 2 * 5 + 2 * 9
-    assert shapes[8].finishing == ("0",) and shapes[28].finishing == ("2",)
+    assert run.finish_iteration == [8, 18, 28]
+    assert run.max_iterations == 29 and run.num_reqs_at_start == 3
+    assert run.ensure_shapes(29) == 29
+    assert run.num_reqs[:10] == [3] * 9 + [2]
+    assert run.context_sum[0] == 15 and run.context_sum[9] == 2 * 5 + 2 * 9
+    assert run.finishing(8) == [0] and run.finishing(28) == [2]

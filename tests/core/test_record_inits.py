@@ -17,7 +17,7 @@ import pytest
 
 from engine.core.compiled import loaded_compiled_modules
 from engine.core.engine_core import RunTiming, _InFlight
-from engine.core.fast_forward import AppliedRun, IterationShape, UniformDecodeRun
+from engine.core.fast_apply import AppliedRun
 from engine.core.interfaces import StepTime
 from engine.core.outputs import (
     BatchShape,
@@ -34,7 +34,7 @@ if loaded_compiled_modules():  # the imports above came from a compiled build
 
 RECORDS = [
     BatchShape, NewRequestData, CachedRequestData, SchedulerOutput, ModelRunnerOutput,
-    EngineCoreOutput, IterationShape, UniformDecodeRun, AppliedRun, RunTiming, _InFlight,
+    EngineCoreOutput, AppliedRun, RunTiming, _InFlight,
     FrontendTimes, StepTime,
 ]
 

@@ -1,0 +1,361 @@
+"""Exact bulk application of engine iterations: applying a ``BulkRun`` (see ``fast_forward``).
+
+``apply_bulk_run`` changes the scheduler, the requests and the KV cache exactly as ``K``
+step-by-step iterations would. Per-request counters are independent across requests and set in
+closed form; KV-block operations are not (they share the free queue), so they are collected per
+(iteration, phase) in the order the step-by-step scheduler performs them — running order within
+a phase, allocation before prefix registration within a request, registration before freeing —
+and applied in that order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from engine.core.fast_forward import BulkRun
+from engine.core.outputs import CachedRequestData, SchedulerOutput
+from engine.core.request import Request, RequestStatus
+
+if TYPE_CHECKING:
+    from engine.core.engine_core import EngineCore
+    from engine.core.kv_cache_manager import KVCacheManager
+    from engine.core.scheduler import Scheduler
+
+_ALLOC, _CACHE, _FREE = 0, 1, 2  # block-event kinds, flat triples (request index, kind, arg)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(slots=True)
+class AppliedRun:
+    """What ``apply_bulk_run`` did, for the driver's records (lists indexed by iteration)."""
+
+    num_iterations: int
+    applied_step_ids: range  # steps whose outputs were applied, in order
+    sampled_per_step: list[int]  # tokens each applied step produced
+    num_running_after: list[int]  # running requests after each update
+    free_blocks_after: list[int]  # free KV blocks after each update
+    token_start: list[int]  # per request of the run: iteration of its first token in the run
+    token_count: list[int]  # ... and its tokens in the run
+    last_scheduled: SchedulerOutput | None  # async: the batch left in flight
+
+    # Written-out __init__s: compiled by mypyc (see engine/core/outputs.py's docstring).
+    def __init__(
+        self,
+        num_iterations: int,
+        applied_step_ids: range,
+        sampled_per_step: list[int],
+        num_running_after: list[int],
+        free_blocks_after: list[int],
+        token_start: list[int],
+        token_count: list[int],
+        last_scheduled: SchedulerOutput | None,
+    ) -> None:
+        self.num_iterations = num_iterations
+        self.applied_step_ids = applied_step_ids
+        self.sampled_per_step = sampled_per_step
+        self.num_running_after = num_running_after
+        self.free_blocks_after = free_blocks_after
+        self.token_start = token_start
+        self.token_count = token_count
+        self.last_scheduled = last_scheduled
+
+
+class _Events:
+    """Block events of a run, bucketed by (iteration, phase); phase 0 = schedule, 1 = update."""
+
+    def __init__(self, num_iterations: int) -> None:
+        self.buckets: list[list[int] | None] = [None] * (2 * num_iterations)
+
+    def add(self, k: int, phase: int, i: int, kind: int, arg: int) -> None:
+        b = self.buckets[2 * k + phase]
+        if b is None:
+            self.buckets[2 * k + phase] = [i, kind, arg]
+        else:
+            b.append(i)
+            b.append(kind)
+            b.append(arg)
+
+
+def apply_bulk_run(
+    core: EngineCore, run: BulkRun, num_iterations: int, token_id: int
+) -> AppliedRun:
+    """Apply ``num_iterations`` (1..run.max_iterations) iterations of ``run`` to the scheduler,
+    every sampling request sampling ``token_id``. Event records (token runs, first tokens,
+    finishes, step records) are the caller's: see ``EngineCore.apply_bulk_run``."""
+    k_total = num_iterations
+    if not 1 <= k_total <= run.max_iterations or run.ensure_shapes(k_total) < k_total:
+        raise ValueError(f"num_iterations must be in [1, {run.max_iterations}]")
+    sched = core.scheduler
+    kv = sched.kv_cache_manager
+    requests = run.requests
+    num_reqs = len(requests)
+    finished_before = sched.finished_req_ids  # shipped by the run's first schedule()
+    sched.finished_req_ids = set()
+    events = _Events(k_total)
+    token_start = [0] * num_reqs
+    token_count = [0] * num_reqs
+    pending_sampled = 0
+    if run.is_async:
+        pending = core.oldest_in_flight()
+        pending_sampled = len(pending.num_scheduled_tokens) - len(pending.partial_prefill_req_ids)
+    for i in range(num_reqs):
+        req = requests[i]
+        num_cached = req.num_cached_blocks
+        if i == run.prefill_index:
+            num_cached = _apply_prefill(run, i, req, k_total, kv, events, token_start,
+                                        token_count, token_id)
+        if k_total > run.decode_start[i]:
+            _apply_decodes(run, i, req, k_total, num_cached, kv, events, token_start,
+                           token_count, token_id)
+        req.hash_full_blocks()
+    free_after = _apply_events(sched, kv, requests, events, k_total)
+    _update_scheduler(sched, run, k_total)
+    running_after = []
+    n_running = num_reqs
+    for k in range(k_total):
+        n_running -= run.num_finishing[k]
+        running_after.append(n_running)
+    if run.is_async:
+        sampled = [pending_sampled, *run.num_sampling[: k_total - 1]]
+    else:
+        sampled = run.num_sampling[:k_total]
+    last = None
+    if run.is_async:
+        if k_total > 1:
+            shipped = {requests[i].req_id for i in run.finishing(k_total - 2)}
+        else:
+            shipped = finished_before
+        last = _last_scheduled_output(run, k_total, shipped, kv.block_size)
+    first_applied = run.first_applied_step_id()
+    return AppliedRun(
+        num_iterations=k_total,
+        applied_step_ids=range(first_applied, first_applied + k_total),
+        sampled_per_step=sampled,
+        num_running_after=running_after,
+        free_blocks_after=free_after,
+        token_start=token_start,
+        token_count=token_count,
+        last_scheduled=last,
+    )
+
+
+def _append_tokens(req: Request, token_id: int, count: int) -> None:
+    tokens = [token_id] * count
+    req.output_token_ids.extend(tokens)
+    all_ids = req._all_token_ids
+    if all_ids is not None:
+        all_ids.extend(tokens)
+    req.num_tokens += count
+
+
+def _apply_prefill(
+    run: BulkRun,
+    i: int,
+    req: Request,
+    k_total: int,
+    kv: KVCacheManager,
+    events: _Events,
+    token_start: list[int],
+    token_count: list[int],
+    token_id: int,
+) -> int:
+    """The prefiller's chunks within the run (its counters and block events); returns its
+    registered block count after them."""
+    bs = kv.block_size
+    num_known = req.num_tokens
+    num_cached = req.num_cached_blocks
+    max_hashes = len(req.block_hashes)
+    chunks = min(k_total, len(run.prefill_chunk))
+    for k in range(chunks):
+        c = run.prefill_context[k]
+        end = c + run.prefill_chunk[k]
+        num_new = _cdiv(end, bs) - _cdiv(c, bs)
+        if num_new:
+            events.add(k, 0, i, _ALLOC, num_new)
+        if kv.enable_caching:
+            target = min(min(end, num_known) // bs, max_hashes)
+            if target > num_cached:
+                events.add(k, 0, i, _CACHE, target)
+                num_cached = target
+    last = chunks - 1
+    req.num_computed_tokens = run.prefill_context[last] + run.prefill_chunk[last]
+    final = last == run.prefill_done_iteration
+    req.is_prefill_chunk = not final
+    if run.is_async:
+        req.num_in_flight_tokens = run.prefill_chunk[last]
+        req.num_output_placeholders = 1 if final else 0
+    elif final:  # synchronous: the final chunk's token arrives at its own update
+        _append_tokens(req, token_id, 1)
+        token_start[i] = last
+        token_count[i] = 1
+        if run.finish_iteration[i] == last:
+            events.add(last, 1, i, _FREE, 0)
+    return num_cached
+
+
+def _apply_decodes(
+    run: BulkRun,
+    i: int,
+    req: Request,
+    k_total: int,
+    num_cached: int,
+    kv: KVCacheManager,
+    events: _Events,
+    token_start: list[int],
+    token_count: list[int],
+    token_id: int,
+) -> None:
+    """Request ``i``'s decode iterations within the run, from its steady decode state."""
+    bs = kv.block_size
+    start = run.decode_start[i]
+    c = run.context_at_start[i]
+    f = run.finish_iteration[i]
+    scheduled = min(k_total, run.decode_end[i]) - start
+    if scheduled < 0:
+        scheduled = 0
+    tokens = min(k_total, f + 1) - start
+    if tokens > 0:
+        _append_tokens(req, token_id, tokens)
+        if not token_count[i]:
+            token_start[i] = start
+        token_count[i] += tokens
+    req.num_computed_tokens += scheduled
+    req.is_prefill_chunk = False
+    if run.is_async:
+        still = 1 if f >= k_total else 0
+        req.num_in_flight_tokens = still
+        req.num_output_placeholders = still
+    for k in range(start + (-c) % bs, start + scheduled, bs):  # c + k − start hits a boundary
+        events.add(k, 0, i, _ALLOC, 1)
+    d = 1 if run.is_async else 0
+    if kv.enable_caching and scheduled > 0:
+        # schedule() of iteration start+k registers the full blocks of c + k + 1 − d tokens
+        # (async: known tokens lag one behind); the count grows at block boundaries only
+        target = (c + 1 - d) // bs
+        if target > num_cached:
+            events.add(start, 0, i, _CACHE, target)
+            num_cached = target
+        first = (-(c + 1 - d)) % bs or bs
+        for k in range(first, scheduled, bs):
+            target = (c + k + 1 - d) // bs
+            if target > num_cached:
+                events.add(start + k, 0, i, _CACHE, target)
+                num_cached = target
+    if f < k_total:
+        if run.is_async and kv.enable_caching:
+            # the finishing update caches up to the processed position, then frees
+            events.add(f, 1, i, _CACHE, (c + f - start) // bs)
+        events.add(f, 1, i, _FREE, 0)
+
+
+def _apply_events(
+    sched: Scheduler, kv: KVCacheManager, requests: list[Request], events: _Events, k_total: int
+) -> list[int]:
+    """Apply the block events in order; returns the free block count after each iteration."""
+    pool = kv.block_pool
+    queue = pool.free_queue
+    bs = kv.block_size
+    free_after: list[int] = []
+    buckets = events.buckets
+    for k in range(k_total):
+        for phase in range(2):
+            bucket = buckets[2 * k + phase]
+            if bucket is None:
+                continue
+            for p in range(0, len(bucket), 3):
+                req = requests[bucket[p]]
+                kind = bucket[p + 1]
+                if kind == _ALLOC:
+                    req.block_ids.extend(pool.get_new_blocks(bucket[p + 2]))
+                elif kind == _CACHE:
+                    kv.cache_blocks(req, bucket[p + 2] * bs)
+                else:
+                    _finish(sched, req)
+        free_after.append(queue.num_free_blocks)
+    return free_after
+
+
+def _finish(sched: Scheduler, req: Request) -> None:
+    """The length stop: what ``update_from_output`` does when a request's last token lands."""
+    req.status = RequestStatus.FINISHED_LENGTH_CAPPED
+    sched.finished_req_ids.add(req.req_id)
+    sched.kv_cache_manager.free(req)
+    del sched.requests[req.req_id]
+
+
+def _update_scheduler(sched: Scheduler, run: BulkRun, k_total: int) -> None:
+    """Scheduler bookkeeping as after the run's last iteration."""
+    requests = run.requests
+    finish = run.finish_iteration
+    if any(f < k_total for f in finish):
+        gone = {id(r) for i, r in enumerate(requests) if finish[i] < k_total}
+        sched.running = [r for r in sched.running if id(r) not in gone]
+    sched.num_steps += k_total
+    sched.finished_req_ids = {requests[i].req_id for i in run.finishing(k_total - 1)}
+    sched.prev_step_scheduled_req_ids = set(_scheduled_at(run, k_total - 1))
+
+
+def _scheduled_at(run: BulkRun, k: int) -> list[str]:
+    """Ids scheduled by iteration ``k``'s schedule(), in scheduling (running) order."""
+    out = []
+    x = run.prefill_index
+    for i, req in enumerate(run.requests):
+        if run.decode_start[i] <= k < run.decode_end[i] or (
+            i == x and k < len(run.prefill_chunk)
+        ):
+            out.append(req.req_id)
+    return out
+
+
+def _last_scheduled_output(
+    run: BulkRun, k_total: int, finished_req_ids: set[str], bs: int
+) -> SchedulerOutput:
+    """The SchedulerOutput of the run's last schedule() (async: it stays in flight)."""
+    k = k_total - 1
+    ids: list[str] = []
+    new_block_ids: list[list[int] | None] = []
+    computed: list[int] = []
+    num_output: list[int] = []
+    num_scheduled: dict[str, int] = {}
+    partial: set[str] = set()
+    x = run.prefill_index
+    for i, req in enumerate(run.requests):
+        if i == x and k < len(run.prefill_chunk):
+            c, q = run.prefill_context[k], run.prefill_chunk[k]
+            blocks = req.block_ids[_cdiv(c, bs): _cdiv(c + q, bs)]
+            new_block_ids.append(blocks if blocks else None)
+            if k != run.prefill_done_iteration:
+                partial.add(req.req_id)
+        elif run.decode_start[i] <= k < run.decode_end[i]:
+            c = run.context_at_start[i] + k - run.decode_start[i]
+            q = 1
+            new_block_ids.append([req.block_ids[-1]] if c % bs == 0 else None)
+        else:
+            continue
+        ids.append(req.req_id)
+        computed.append(c)
+        # known outputs + the placeholder in flight at that schedule() = the count now
+        num_output.append(len(req.output_token_ids))
+        num_scheduled[req.req_id] = q
+    cached = CachedRequestData(
+        req_ids=ids,
+        new_block_ids=new_block_ids,
+        num_computed_tokens=computed,
+        num_output_tokens=num_output,
+    )
+    return SchedulerOutput(
+        step_id=run.first_step_id + k,
+        scheduled_new_reqs=[],
+        scheduled_cached_reqs=cached,
+        num_scheduled_tokens=num_scheduled,
+        total_num_scheduled_tokens=run.num_tokens[k],
+        partial_prefill_req_ids=partial,
+        preempted_req_ids=set(),
+        finished_req_ids=finished_req_ids,
+        batch_shape=run.batch_shape(k),
+        admission_blocker=run.blocker[k],
+    )
