@@ -203,27 +203,32 @@ class EngineReplica:
             prev_id = prev.step_id
             prev_start, prev_end, prev_cost = self._pending[prev_id]
             prev_tokens = len(prev.num_scheduled_tokens) - len(prev.partial_prefill_req_ids)
-        num_reqs, num_sampling, context_sum = run.num_reqs, run.num_sampling, run.context_sum
-        num_tokens = run.num_tokens
+        decoding, context_sum = run.decoding, run.context_sum
+        num_prefill = run.num_prefill_iterations
+        finish_iters = run.finish_iters
+        next_finish = 0  # position in finish_iters of the next finish
         available = run.ensure_shapes(1)
         k = 0
         while t < horizon:
             if k >= available:
                 available = run.ensure_shapes(k + 1)
+                num_prefill = run.num_prefill_iterations
                 if k >= available:
                     break
-            n = num_reqs[k]
-            t1 = t + (sched_base + per_req * n)  # the same sum as the step-by-step path
-            if not n:
-                cost = 0.0
-            elif num_tokens[k] != num_sampling[k]:  # a prefill chunk: the full model
+            n = decoding[k]
+            if k < num_prefill:  # a prefill chunk too: the full model
+                t1 = t + (sched_base + per_req * (n + 1))  # the step-by-step path's sum
+                sampling = run.num_sampling(k)
                 cost = step_time(run.batch_shape(k)).total_s
-            elif roofline is not None:
-                cost = roofline.decode_step_total(n, context_sum[k])
-            elif decode_total is not None:
-                cost = float(decode_total(n, context_sum[k]))  # numpy scalars too
             else:
-                cost = self._decode_step_time(n, context_sum[k], run.context_max[k])
+                t1 = t + (sched_base + per_req * n)
+                sampling = n
+                if roofline is not None:
+                    cost = roofline.decode_step_total(n, context_sum[k])
+                elif decode_total is not None:
+                    cost = float(decode_total(n, context_sum[k]))  # numpy scalars too
+                else:
+                    cost = self._decode_step_time(n, context_sum[k], run.context_max[k])
             sched_t.append(t)
             if is_async:
                 update = t1 if t1 > prev_end else prev_end
@@ -233,20 +238,25 @@ class EngineReplica:
                 tokens.append(prev_tokens)
                 # the GPU takes the new batch as soon as it is submitted and free
                 prev_start, prev_end, prev_cost = update, update + cost, cost
-                prev_tokens = num_sampling[k]
+                prev_tokens = sampling
             else:
                 update = t1 + cost
                 starts.append(t1)
                 ends.append(update)
                 costs.append(cost)
-                tokens.append(num_sampling[k])
+                tokens.append(sampling)
             updates.append(update)
             t = update + c_update
-            if run.num_finishing[k] and self.closed_loop:
-                # a freed client slot may send a request: stop at its delivery
-                out = [j for j, n in enumerate(tokens) if n]
-                planned = self.out.plan([updates[j] for j in out], [tokens[j] for j in out])
-                horizon = min(horizon, planned[-1])
+            if self.closed_loop:
+                finished = False
+                while next_finish < len(finish_iters) and finish_iters[next_finish] <= k:
+                    next_finish += 1
+                    finished = True
+                if finished:
+                    # a freed client slot may send a request: stop at its delivery
+                    out = [j for j, n in enumerate(tokens) if n]
+                    planned = self.out.plan([updates[j] for j in out], [tokens[j] for j in out])
+                    horizon = min(horizon, planned[-1])
             k += 1
         if k < MIN_BULK_ITERATIONS:
             return None
@@ -284,12 +294,17 @@ class EngineReplica:
         first = applied.applied_step_ids.start
         log = self.log
         log.record_deliveries([first + j for j in with_output], delivered)
-        requests = run.requests
-        for j, d in zip(with_output, delivered, strict=True):
-            for i in run.finishing(j):
-                req_id = requests[i].req_id
-                log.record(req_id, EventKind.DELIVERED, d)
-                self._on_request_done(req_id, d)
+        if not with_output:
+            return
+        requests, order, iters = run.requests, run.finish_order, run.finish_iters
+        delivered_at = dict(zip(with_output, delivered, strict=True))
+        for pos, f in enumerate(iters):
+            if f >= applied.num_iterations:
+                break
+            d = delivered_at[f]  # a finishing step always delivers its last token
+            req_id = requests[order[pos]].req_id
+            log.record(req_id, EventKind.DELIVERED, d)
+            self._on_request_done(req_id, d)
 
     def _decode_step_time(self, n: int, ctx_sum: int, ctx_max: int) -> float:
         """Duration of a pure-decode step of ``n`` requests whose contexts sum to ``ctx_sum``

@@ -214,10 +214,22 @@ class BlockPool:
         Blocks reaching zero references go to the head of the free queue if they carry no hash
         (or caching is off) and to the tail otherwise, each group in the given order.
         """
+        blocks = ordered_blocks if isinstance(ordered_blocks, list) else list(ordered_blocks)
+        self._free_in_order(blocks, 0, len(blocks), 1)
+
+    def free_table(self, block_ids: list[int]) -> None:
+        """``free_blocks`` of a request's block table, last block first (its deepest blocks
+        are evicted first), without copying it."""
+        self._free_in_order(block_ids, len(block_ids) - 1, -1, -1)
+
+    def _free_in_order(self, blocks: list[int], first: int, stop: int, step: int) -> None:
         ref_cnt, block_hash, caching = self.ref_cnt, self.block_hash, self.enable_caching
         evict_first: list[int] = []
         evict_last: list[int] = []
-        for b in ordered_blocks:
+        j = first
+        while j != stop:
+            b = blocks[j]
+            j += step
             cnt = ref_cnt[b]
             if cnt == 1:  # the usual case: the last holder lets go
                 ref_cnt[b] = 0

@@ -21,7 +21,12 @@ from engine.core.config import EngineConfig
 from engine.core.events import EventKind, EventLog
 from engine.core.fast_apply import AppliedRun, apply_bulk_run
 from engine.core.fast_forward import BulkRun, find_bulk_run
-from engine.core.outputs import EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
+from engine.core.outputs import (
+    AdmissionBlocker,
+    EngineCoreOutput,
+    ModelRunnerOutput,
+    SchedulerOutput,
+)
 from engine.core.request import Request, RequestStatus
 from engine.core.scheduler import Scheduler
 
@@ -205,9 +210,10 @@ class EngineCore:
             counts.append(count)
         log.extend_runs_from(ids, starts, counts)
         requests = run.requests
-        for k in range(k_total):
-            for i in run.finishing(k):
-                self._record_finish(requests[i].req_id, "length", updates[k])
+        for pos, f in enumerate(run.finish_iters):
+            if f >= k_total:
+                break
+            self._record_finish(requests[run.finish_order[pos]].req_id, "length", updates[f])
         usable = self.scheduler.kv_cache_manager.block_pool.num_gpu_blocks - 1
         # Under async scheduling the first applied step is the batch that was in flight: its
         # own row. The iterations' schedules are the rest.
@@ -221,7 +227,7 @@ class EngineCore:
                 timing.execute_end_s[0],
                 updates[0],
                 applied.sampled_per_step[0],
-                run.num_finishing[0],
+                applied.finished_per_step[0],
                 applied.num_running_after[0],
                 run.num_waiting,
                 1.0 - applied.free_blocks_after[0] / usable,
@@ -231,31 +237,35 @@ class EngineCore:
         m = k_total - skip
         if not m:
             return
-        num_tokens = run.num_tokens[:m]
-        num_decodes = run.num_decodes[:m]
-        num_prefill_tokens = [t - d for t, d in zip(num_tokens, num_decodes, strict=True)]
+        num_reqs, num_tokens, prefill_reqs, prefill_tokens, num_decodes, context_sum = (
+            run.step_columns(m)
+        )
         zeros = [0] * m
+        if run.num_waiting:
+            blockers = [str(b) for b in run.blockers[:m]]
+        else:
+            blockers = [str(AdmissionBlocker.NONE)] * m
         log.record_step_columns((  # STEP_COLUMNS order, as _step_row builds it
             list(range(first_step + skip, first_step + k_total)),
             timing.schedule_time_s[:m],
             timing.execute_start_s[skip:],
             timing.execute_end_s[skip:],
             updates[skip:],
-            run.num_reqs[:m],
+            num_reqs,
             num_tokens,
-            [1 if p else 0 for p in num_prefill_tokens],
-            num_prefill_tokens,
+            prefill_reqs,
+            prefill_tokens,
             num_decodes,
-            run.context_sum[:m],
+            context_sum,
             applied.sampled_per_step[skip:],
             zeros,
             zeros,
             zeros,
-            run.num_finishing[skip:k_total],
+            applied.finished_per_step[skip:],
             applied.num_running_after[skip:],
             [run.num_waiting] * m,
             [1.0 - free / usable for free in applied.free_blocks_after[skip:]],
-            [str(b) for b in run.blocker[:m]],
+            blockers,
             timing.cost_s[skip:],
             [self.replica] * m,
         ))

@@ -36,6 +36,7 @@ class AppliedRun:
     num_iterations: int
     applied_step_ids: range  # steps whose outputs were applied, in order
     sampled_per_step: list[int]  # tokens each applied step produced
+    finished_per_step: list[int]  # requests each applied step finished
     num_running_after: list[int]  # running requests after each update
     free_blocks_after: list[int]  # free KV blocks after each update
     token_start: list[int]  # per request of the run: iteration of its first token in the run
@@ -48,6 +49,7 @@ class AppliedRun:
         num_iterations: int,
         applied_step_ids: range,
         sampled_per_step: list[int],
+        finished_per_step: list[int],
         num_running_after: list[int],
         free_blocks_after: list[int],
         token_start: list[int],
@@ -57,6 +59,7 @@ class AppliedRun:
         self.num_iterations = num_iterations
         self.applied_step_ids = applied_step_ids
         self.sampled_per_step = sampled_per_step
+        self.finished_per_step = finished_per_step
         self.num_running_after = num_running_after
         self.free_blocks_after = free_blocks_after
         self.token_start = token_start
@@ -114,15 +117,21 @@ def apply_bulk_run(
         req.hash_full_blocks()
     free_after = _apply_events(sched, kv, requests, events, k_total)
     _update_scheduler(sched, run, k_total)
+    finish_counts = run.finish_counts(k_total)
     running_after = []
     n_running = num_reqs
-    for k in range(k_total):
-        n_running -= run.num_finishing[k]
+    for count in finish_counts:
+        n_running -= count
         running_after.append(n_running)
+    sampled = run.decoding[:k_total]
     if run.is_async:
-        sampled = [pending_sampled, *run.num_sampling[: k_total - 1]]
+        sampled.insert(0, pending_sampled)
+        sampled.pop()
+        j = run.prefill_done_iteration + 1  # the prefiller's final chunk, applied one later
     else:
-        sampled = run.num_sampling[:k_total]
+        j = run.prefill_done_iteration
+    if j < k_total:
+        sampled[j] += 1
     last = None
     if run.is_async:
         if k_total > 1:
@@ -135,6 +144,7 @@ def apply_bulk_run(
         num_iterations=k_total,
         applied_step_ids=range(first_applied, first_applied + k_total),
         sampled_per_step=sampled,
+        finished_per_step=finish_counts,
         num_running_after=running_after,
         free_blocks_after=free_after,
         token_start=token_start,
@@ -229,8 +239,11 @@ def _apply_decodes(
         still = 1 if f >= k_total else 0
         req.num_in_flight_tokens = still
         req.num_output_placeholders = still
-    for k in range(start + (-c) % bs, start + scheduled, bs):  # c + k − start hits a boundary
+    k = start + (-c) % bs  # a new block when the context c + k − start hits a boundary
+    stop = start + scheduled
+    while k < stop:
         events.add(k, 0, i, _ALLOC, 1)
+        k += bs
     d = 1 if run.is_async else 0
     if kv.enable_caching and scheduled > 0:
         # schedule() of iteration start+k registers the full blocks of c + k + 1 − d tokens
@@ -239,12 +252,13 @@ def _apply_decodes(
         if target > num_cached:
             events.add(start, 0, i, _CACHE, target)
             num_cached = target
-        first = (-(c + 1 - d)) % bs or bs
-        for k in range(first, scheduled, bs):
+        k = (-(c + 1 - d)) % bs or bs
+        while k < scheduled:
             target = (c + k + 1 - d) // bs
             if target > num_cached:
                 events.add(start + k, 0, i, _CACHE, target)
                 num_cached = target
+            k += bs
     if f < k_total:
         if run.is_async and kv.enable_caching:
             # the finishing update caches up to the processed position, then frees
@@ -266,7 +280,8 @@ def _apply_events(
             bucket = buckets[2 * k + phase]
             if bucket is None:
                 continue
-            for p in range(0, len(bucket), 3):
+            p = 0
+            while p < len(bucket):
                 req = requests[bucket[p]]
                 kind = bucket[p + 1]
                 if kind == _ALLOC:
@@ -275,6 +290,7 @@ def _apply_events(
                     kv.cache_blocks(req, bucket[p + 2] * bs)
                 else:
                     _finish(sched, req)
+                p += 3
         free_after.append(queue.num_free_blocks)
     return free_after
 
@@ -352,10 +368,10 @@ def _last_scheduled_output(
         scheduled_new_reqs=[],
         scheduled_cached_reqs=cached,
         num_scheduled_tokens=num_scheduled,
-        total_num_scheduled_tokens=run.num_tokens[k],
+        total_num_scheduled_tokens=run.num_tokens(k),
         partial_prefill_req_ids=partial,
         preempted_req_ids=set(),
         finished_req_ids=finished_req_ids,
         batch_shape=run.batch_shape(k),
-        admission_blocker=run.blocker[k],
+        admission_blocker=run.blocker(k),
     )

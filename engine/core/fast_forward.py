@@ -62,16 +62,19 @@ def _cdiv(a: int, b: int) -> int:
 
 class BulkRun:
     """A state from which up to ``max_iterations`` engine iterations can be bulk-applied, and
-    the shape of each iteration (parallel lists indexed by iteration, computed on demand by
-    ``ensure_shapes``).
+    the shape of each iteration, computed on demand by ``ensure_shapes``.
 
     Per request ``i`` (running order): it decodes in iterations ``[decode_start[i],
     decode_end[i])`` with context ``context_at_start[i]`` at ``decode_start[i]``, and finishes
     at the update of iteration ``finish_iteration[i]`` (``NO_ITERATION``: not known yet).
-    ``prefill_index`` is the tail prefiller's index (−1: none); its chunk in iteration ``k``
-    (``k`` ≤ ``prefill_done_iteration``) is ``prefill_chunk[k]`` tokens on
-    ``prefill_context[k]`` tokens of context. The requests finishing at the update of
-    iteration ``k`` are ``finishing(k)``, in running order.
+    ``prefill_index`` is the tail prefiller's index (−1: none); its chunk in iteration ``k`` <
+    ``num_prefill_iterations`` is ``prefill_chunk[k]`` tokens on ``prefill_context[k]`` tokens
+    of context, the last one (``prefill_done_iteration``, if known) completing its prefill.
+
+    Per iteration ``k`` the lists hold the decodes only: ``decoding[k]`` requests, their
+    contexts' sum and max; the accessors (``num_reqs(k)``, ``batch_shape(k)``, …) add the
+    prefill chunk. ``finish_order`` lists request indexes by finish iteration (ties in running
+    order), ``finish_iters`` their finish iterations.
     """
 
     def __init__(
@@ -102,17 +105,13 @@ class BulkRun:
         self.prefill_done_iteration = NO_ITERATION  # j: the prefiller's last chunk
         self.prefill_chunk: list[int] = []
         self.prefill_context: list[int] = []
-        # iteration shapes (one entry per iteration computed so far)
-        self.num_reqs: list[int] = []  # requests scheduled
-        self.num_tokens: list[int] = []  # tokens scheduled
-        self.num_decodes: list[int] = []  # requests scheduled exactly one token
-        self.context_sum: list[int] = []  # Σ context of those
+        # iteration shapes of the decodes (one entry per iteration computed so far)
+        self.decoding: list[int] = []  # decoding requests scheduled
+        self.context_sum: list[int] = []  # Σ of their contexts
         self.context_max: list[int] = []  # max of those (0 if none)
-        self.num_sampling: list[int] = []  # requests that sample (all but a partial chunk)
-        self.blocker: list[AdmissionBlocker] = []  # schedule()'s admission verdict
-        self.num_finishing: list[int] = []  # requests finishing at the iteration's update
-        self.finish_pos: list[int] = []  # where they start in finish_order
-        self.finish_order: list[int] = []  # request indexes by finish iteration (stable)
+        self.blockers: list[AdmissionBlocker] = []  # only when requests wait (else NONE)
+        self.finish_order: list[int] = []
+        self.finish_iters: list[int] = []
         self.limit = NO_ITERATION  # first iteration that may not be bulk-applied
         self.max_kv_iterations = NO_ITERATION  # most iterations whose blocks surely fit
         # incremental state of the shape computation
@@ -125,11 +124,16 @@ class BulkRun:
         self._x_join = NO_ITERATION  # iteration the prefiller starts decoding
         self._x_context = 0  # the prefiller's context before its next chunk
         self._x_num_tokens = 0  # its known tokens (constant while it prefills)
+        self._chunk = 8  # iterations computed by the next extension (doubling)
 
     # -- the driver's view ----------------------------------------------------------------------
     @property
     def num_reqs_at_start(self) -> int:
         return len(self.requests)
+
+    @property
+    def num_prefill_iterations(self) -> int:
+        return len(self.prefill_chunk)
 
     @property
     def max_iterations(self) -> int:
@@ -143,42 +147,112 @@ class BulkRun:
     def ensure_shapes(self, num_iterations: int) -> int:
         """Compute shapes through iteration ``num_iterations − 1`` (at most up to the run's
         limits); returns how many iterations are available."""
-        have = len(self.num_reqs)
-        if have < num_iterations and have < self.max_iterations:
-            target = have + SHAPE_CHUNK
+        have = len(self.decoding)
+        top = self.max_iterations
+        if have < num_iterations and have < top:
+            target = have + self._chunk
+            self._chunk *= 2
             if target < num_iterations:
                 target = num_iterations
-            _extend_shapes(self, min(target, self.max_iterations))
-            have = len(self.num_reqs)
-        top = self.max_iterations
+            _extend_shapes(self, target if target < top else top)
+            have = len(self.decoding)
+            top = self.max_iterations
         return have if have < top else top
 
-    def finishing(self, k: int) -> list[int]:
-        """Indexes of the requests finishing at the update of iteration ``k``."""
-        start = self.finish_pos[k]
-        return self.finish_order[start: start + self.num_finishing[k]]
+    # -- iteration k (computed) -----------------------------------------------------------------
+    def prefill_tokens(self, k: int) -> int:
+        """The prefiller's chunk in iteration ``k`` (0: none)."""
+        return self.prefill_chunk[k] if k < len(self.prefill_chunk) else 0
 
-    def is_pure_decode(self, k: int) -> bool:
-        """Does iteration ``k`` schedule one token for each request, every one sampling?"""
-        return self.num_tokens[k] == self.num_sampling[k]
+    def num_reqs(self, k: int) -> int:
+        """Requests scheduled by iteration ``k``."""
+        return self.decoding[k] + (1 if k < len(self.prefill_chunk) else 0)
+
+    def num_tokens(self, k: int) -> int:
+        return self.decoding[k] + self.prefill_tokens(k)
+
+    def num_sampling(self, k: int) -> int:
+        """Requests sampling a token in iteration ``k`` (all but a partial chunk)."""
+        return self.decoding[k] + (1 if k == self.prefill_done_iteration else 0)
+
+    def blocker(self, k: int) -> AdmissionBlocker:
+        return self.blockers[k] if self.num_waiting else NONE
 
     def batch_shape(self, k: int) -> BatchShape:
         """The ``BatchShape`` of iteration ``k``'s schedule() (``advance_scheduled``'s)."""
+        n = self.decoding[k]
+        csum, cmax = self.context_sum[k], self.context_max[k]
+        q = self.prefill_tokens(k)
         q_lens: tuple[int, ...] = ()
         ctx_lens: tuple[int, ...] = ()
-        if self.prefill_index >= 0 and k < len(self.prefill_chunk) and self.prefill_chunk[k] > 1:
-            q_lens = (self.prefill_chunk[k],)
+        num_decodes = n
+        if q > 1:
+            q_lens = (q,)
             ctx_lens = (self.prefill_context[k],)
+        elif q == 1:  # a one-token chunk counts as a decode in the batch shape
+            c = self.prefill_context[k]
+            num_decodes += 1
+            csum += c
+            if c > cmax:
+                cmax = c
         return BatchShape(
-            num_reqs=self.num_reqs[k],
-            num_tokens=self.num_tokens[k],
+            num_reqs=n + (1 if q else 0),
+            num_tokens=n + q,
             prefill_query_lens=q_lens,
             prefill_context_lens=ctx_lens,
-            num_decode_reqs=self.num_decodes[k],
-            decode_context_sum=self.context_sum[k],
-            decode_context_max=self.context_max[k],
-            num_sampling_reqs=self.num_sampling[k],
+            num_decode_reqs=num_decodes,
+            decode_context_sum=csum,
+            decode_context_max=cmax,
+            num_sampling_reqs=self.num_sampling(k),
         )
+
+    def finishing(self, k: int) -> list[int]:
+        """Indexes of the requests finishing at the update of iteration ``k``, in running
+        order."""
+        iters = self.finish_iters
+        lo, hi = 0, len(iters)
+        while lo < hi:  # first position with iteration >= k
+            mid = (lo + hi) // 2
+            if iters[mid] < k:
+                lo = mid + 1
+            else:
+                hi = mid
+        end = lo
+        while end < len(iters) and iters[end] == k:
+            end += 1
+        return self.finish_order[lo:end]
+
+    def finish_counts(self, num_iterations: int) -> list[int]:
+        """Requests finishing at each update of iterations ``0..num_iterations − 1``."""
+        counts = [0] * num_iterations
+        for f in self.finish_iters:
+            if f >= num_iterations:
+                break
+            counts[f] += 1
+        return counts
+
+    def step_columns(self, num_iterations: int) -> tuple[list[int], ...]:
+        """Step-record columns of iterations ``0..num_iterations − 1``: num_reqs, num_tokens,
+        num_prefill_reqs, num_prefill_tokens, num_decode_reqs, decode_context_sum (as
+        ``batch_shape`` has them)."""
+        m = num_iterations
+        num_reqs = self.decoding[:m]
+        num_tokens = list(num_reqs)
+        num_decodes = list(num_reqs)
+        context_sum = self.context_sum[:m]
+        prefill_reqs = [0] * m
+        prefill_tokens = [0] * m
+        for k in range(min(m, len(self.prefill_chunk))):
+            q = self.prefill_chunk[k]
+            num_reqs[k] += 1
+            num_tokens[k] += q
+            if q > 1:
+                prefill_reqs[k] = 1
+                prefill_tokens[k] = q
+            else:
+                num_decodes[k] += 1
+                context_sum[k] += self.prefill_context[k]
+        return num_reqs, num_tokens, prefill_reqs, prefill_tokens, num_decodes, context_sum
 
     def blocker_of(self, num_scheduled_tokens: int, num_running: int) -> AdmissionBlocker:
         """``_schedule_waiting``'s verdict for a schedule of ``num_scheduled_tokens`` with
@@ -261,9 +335,9 @@ def find_bulk_run(core: EngineCore, token_id: int) -> BulkRun | None:
         # the prefiller's decode interval (needed for the KV bound) is known once its
         # prefill is planned
         while run.prefill_index >= 0 and run.prefill_done_iteration == NO_ITERATION and (
-            len(run.num_reqs) < run.limit
+            len(run.decoding) < run.limit
         ):
-            _extend_shapes(run, len(run.num_reqs) + SHAPE_CHUNK)
+            _extend_shapes(run, len(run.decoding) + SHAPE_CHUNK)
     _limit_by_free_blocks(run, sched.block_size, sched.kv_cache_manager.get_num_free_blocks())
     if run.max_iterations < 1 or run.ensure_shapes(1) < 1:
         return None
@@ -337,6 +411,7 @@ def _set_up_requests(
     keys = [(finishes[i] << bits) | i for i in range(num_reqs)]
     keys.sort()
     run.finish_order = [key & mask for key in keys]
+    run.finish_iters = [key >> bits for key in keys]
     return True
 
 
@@ -366,12 +441,12 @@ def _insert_by_key(order: list[int], lo: int, i: int, keys: list[int]) -> None:
 
 def _extend_shapes(run: BulkRun, upto: int) -> None:
     """Compute iteration shapes until ``upto`` iterations exist or the run's limit is met."""
-    k = len(run.num_reqs)
+    k = len(run.decoding)
     active = run._active
     end_order, ends = run._end_order, run.decode_end
-    finish_order, finishes = run.finish_order, run.finish_iteration
+    finish_iters = run.finish_iters
     x = run.prefill_index
-    num_reqs_total = len(run.requests)
+    waiting = run.num_waiting
     while k < upto and k < run.limit:
         ptr = run._end_ptr
         while ptr < len(end_order) and ends[end_order[ptr]] <= k:
@@ -386,49 +461,38 @@ def _extend_shapes(run: BulkRun, upto: int) -> None:
             _insert_sorted(active, v)
             run._offset_sum += v
         n = len(active)
-        csum = run._offset_sum + n * k
-        cmax = active[-1] + k if n else 0
-        num_reqs, num_tokens, num_decodes, num_sampling = n, n, n, n
-        if x >= 0 and run.prefill_done_iteration == NO_ITERATION:
+        num_tokens = n
+        prefilling = x >= 0 and run.prefill_done_iteration == NO_ITERATION
+        if prefilling:
             q = _prefill_chunk(run, n)
             if q <= 0:
                 run.limit = k  # the prefiller would get nothing: not a run state
                 break
-            c = run._x_context
-            run.prefill_chunk.append(q)
-            run.prefill_context.append(c)
-            num_reqs += 1
             num_tokens += q
-            if q == 1:  # a one-token chunk counts as a decode in the batch shape
-                num_decodes += 1
-                csum += c
-                if c > cmax:
-                    cmax = c
-            run._x_context = c + q
-            if c + q >= run._x_num_tokens:
-                _prefill_done(run, k)
-                num_sampling += 1
-        if num_reqs == 0:
+        elif n == 0:
             run.limit = k  # nothing would be scheduled
             break
-        blocker = run.blocker_of(num_tokens, run._running)
-        if run.num_waiting and blocker == NONE:
-            run.limit = k  # this schedule() would try to admit
-            break
-        start = ptr = run._finish_ptr
-        while ptr < num_reqs_total and finishes[finish_order[ptr]] <= k:
+        if waiting:
+            blocker = run.blocker_of(num_tokens, run._running)
+            if blocker == NONE:
+                run.limit = k  # this schedule() would try to admit
+                break
+            run.blockers.append(blocker)
+        if prefilling:
+            c = run._x_context
+            run.prefill_chunk.append(num_tokens - n)
+            run.prefill_context.append(c)
+            run._x_context = c + num_tokens - n
+            if run._x_context >= run._x_num_tokens:
+                _prefill_done(run, k)
+        run.decoding.append(n)
+        run.context_sum.append(run._offset_sum + n * k)
+        run.context_max.append(active[-1] + k if n else 0)
+        ptr = run._finish_ptr
+        while ptr < len(finish_iters) and finish_iters[ptr] <= k:
             ptr += 1
+        run._running -= ptr - run._finish_ptr
         run._finish_ptr = ptr
-        run.num_reqs.append(num_reqs)
-        run.num_tokens.append(num_tokens)
-        run.num_decodes.append(num_decodes)
-        run.context_sum.append(csum)
-        run.context_max.append(cmax)
-        run.num_sampling.append(num_sampling)
-        run.blocker.append(blocker)
-        run.finish_pos.append(start)
-        run.num_finishing.append(ptr - start)
-        run._running -= ptr - start
         k += 1
 
 
@@ -467,8 +531,19 @@ def _prefill_done(run: BulkRun, j: int) -> None:
     run.context_at_start[i] = t
     run.finish_iteration[i] = finish
     # it was last in finish order (unknown finish): move it among the unconsumed entries
-    run.finish_order.remove(i)
-    _insert_by_key(run.finish_order, run._finish_ptr, i, run.finish_iteration)
+    order, iters = run.finish_order, run.finish_iters
+    pos = order.index(i)
+    del order[pos]
+    del iters[pos]
+    lo, hi = run._finish_ptr, len(iters)
+    while lo < hi:  # after its equals: it is last in running order
+        mid = (lo + hi) // 2
+        if iters[mid] <= finish:
+            lo = mid + 1
+        else:
+            hi = mid
+    order.insert(lo, i)
+    iters.insert(lo, finish)
     if end > start:
         run._x_join = start
         _insert_by_key(run._end_order, run._end_ptr, i, run.decode_end)

@@ -224,7 +224,7 @@ class KVCacheManager:
         request.block_ids = []
         request.num_cached_blocks = 0
         if blocks:
-            self.block_pool.free_blocks(blocks[::-1])
+            self.block_pool.free_table(blocks)
 
     def reset_prefix_cache(self) -> bool:
         return self.block_pool.reset_prefix_cache()

@@ -186,6 +186,6 @@ def test_fast_path_applies_on_a_plain_decode_batch() -> None:
     assert run.finish_iteration == [8, 18, 28]
     assert run.max_iterations == 29 and run.num_reqs_at_start == 3
     assert run.ensure_shapes(29) == 29
-    assert run.num_reqs[:10] == [3] * 9 + [2]
+    assert run.decoding[:10] == [3] * 9 + [2]
     assert run.context_sum[0] == 15 and run.context_sum[9] == 2 * 5 + 2 * 9
     assert run.finishing(8) == [0] and run.finishing(28) == [2]
