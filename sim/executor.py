@@ -7,11 +7,13 @@ carry no EOS and no stop tokens, so each ends exactly at its workload output len
 
 from __future__ import annotations
 
+from typing import Final
+
 from engine.core.interfaces import CostModel, StepTime
 from engine.core.outputs import ModelRunnerOutput, SchedulerOutput
 
 #: The token every simulated request samples (never an EOS or stop token of a sim request).
-PLACEHOLDER_TOKEN_ID = 0
+PLACEHOLDER_TOKEN_ID: Final = 0
 
 
 class SimExecutor:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Callable
+from typing import Final
 
 from engine.core.config import EngineConfig
 from engine.core.engine_core import EngineCore, RunTiming
@@ -31,10 +32,10 @@ from sim.executor import PLACEHOLDER_TOKEN_ID, SimExecutor
 from sim.stages import OutputProcessor
 
 #: Bulk runs shorter than this are executed step by step (finding one costs O(running)).
-MIN_BULK_ITERATIONS = 2
+MIN_BULK_ITERATIONS: Final = 2
 
 #: Step ids of replica r start at r × STEP_ID_STRIDE, so they never collide in a shared log.
-STEP_ID_STRIDE = 10**12
+STEP_ID_STRIDE: Final = 10**12
 
 
 class EngineReplica:
@@ -297,11 +298,14 @@ class EngineReplica:
         if not with_output:
             return
         requests, order, iters = run.requests, run.finish_order, run.finish_iters
-        delivered_at = dict(zip(with_output, delivered, strict=True))
-        for pos, f in enumerate(iters):
+        j = 0  # walk with_output (increasing) alongside the finishes (by iteration)
+        for pos in range(len(iters)):
+            f = iters[pos]
             if f >= applied.num_iterations:
                 break
-            d = delivered_at[f]  # a finishing step always delivers its last token
+            while with_output[j] < f:
+                j += 1
+            d = delivered[j]  # a finishing step always delivers its last token
             req_id = requests[order[pos]].req_id
             log.record(req_id, EventKind.DELIVERED, d)
             self._on_request_done(req_id, d)

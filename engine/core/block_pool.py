@@ -29,10 +29,16 @@ cached block removes it from the middle of the queue in O(1).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Final, cast
 
 from engine.core.hashing import BlockHash
 
-NULL_BLOCK_ID = 0
+NULL_BLOCK_ID: Final = 0
+
+
+def _objects(ids: list[int]) -> list[object]:
+    """The same list, typed so that a compiled build reads its items without unboxing."""
+    return cast(list[object], ids)
 
 
 class FreeBlockQueue:
@@ -65,17 +71,21 @@ class FreeBlockQueue:
         if n > self.num_free_blocks:
             raise ValueError(f"cannot pop {n} blocks: only {self.num_free_blocks} free")
         nxt, prv = self._next, self._prev
-        out = []
-        cur = nxt[self._head]
+        # Block ids move between lists as the int objects they are (``_objects``): a compiled
+        # build would otherwise box every id again, allocating an int per block per move.
+        links = _objects(nxt)
+        out: list[object] = []
+        cur_obj = links[self._head]
         for _ in range(n):
-            out.append(cur)
-            following = nxt[cur]
-            nxt[cur] = prv[cur] = -1  # popped blocks are linked to nothing
-            cur = following
-        nxt[self._head] = cur
-        prv[cur] = self._head
+            out.append(cur_obj)
+            cur = cast(int, cur_obj)
+            cur_obj = links[cur]
+            nxt[cur] = -1  # popped blocks are linked to nothing
+            prv[cur] = -1
+        links[self._head] = cur_obj
+        prv[cast(int, cur_obj)] = self._head
         self.num_free_blocks -= n
-        return out
+        return cast(list[int], out)
 
     def remove(self, block_id: int) -> None:
         self._unlink(block_id)
@@ -84,31 +94,29 @@ class FreeBlockQueue:
         self.append_n([block_id])
 
     def append_n(self, block_ids: list[int]) -> None:
-        nxt, prv, tail = self._next, self._prev, self._tail
+        nxt, prv, tail = _objects(self._next), _objects(self._prev), self._tail
         last = prv[tail]
-        count = 0
-        for b in block_ids:
-            nxt[last] = b
-            prv[b] = last
+        for b in _objects(block_ids):
+            nxt[cast(int, last)] = b
+            prv[cast(int, b)] = last
             last = b
-            count += 1
-        nxt[last] = tail
+        self._next[cast(int, last)] = tail
         prv[tail] = last
-        self.num_free_blocks += count
+        self.num_free_blocks += len(block_ids)
 
     def prepend_n(self, block_ids: list[int]) -> None:
         """Put ``block_ids`` at the head, keeping their order (the first is reused first)."""
         if not block_ids:
             return
-        nxt, prv, head = self._next, self._prev, self._head
-        first = nxt[head]
-        prev = head
-        for b in block_ids:
-            nxt[prev] = b
-            prv[b] = prev
+        nxt, prv = _objects(self._next), _objects(self._prev)
+        first = nxt[self._head]
+        prev = prv[cast(int, first)]  # the head sentinel's id, as stored
+        for b in _objects(block_ids):
+            nxt[cast(int, prev)] = b
+            prv[cast(int, b)] = prev
             prev = b
-        nxt[prev] = first
-        prv[first] = prev
+        nxt[cast(int, prev)] = first
+        prv[cast(int, first)] = prev
         self.num_free_blocks += len(block_ids)
 
     def get_all_free_blocks(self) -> list[int]:
@@ -224,27 +232,29 @@ class BlockPool:
 
     def _free_in_order(self, blocks: list[int], first: int, stop: int, step: int) -> None:
         ref_cnt, block_hash, caching = self.ref_cnt, self.block_hash, self.enable_caching
-        evict_first: list[int] = []
-        evict_last: list[int] = []
+        ids = _objects(blocks)  # moved as the int objects they are (see popleft_n)
+        evict_first: list[object] = []
+        evict_last: list[object] = []
         j = first
         while j != stop:
-            b = blocks[j]
+            b_obj = ids[j]
+            b = cast(int, b_obj)
             j += step
             cnt = ref_cnt[b]
             if cnt == 1:  # the usual case: the last holder lets go
                 ref_cnt[b] = 0
                 if caching and block_hash[b] is not None:
-                    evict_last.append(b)
+                    evict_last.append(b_obj)
                 else:
-                    evict_first.append(b)
+                    evict_first.append(b_obj)
             elif cnt > 1:
                 ref_cnt[b] = cnt - 1
             elif b != NULL_BLOCK_ID:
                 raise AssertionError(f"double free of block {b}")
         if evict_first:
-            self.free_queue.prepend_n(evict_first)
+            self.free_queue.prepend_n(cast(list[int], evict_first))
         if evict_last:
-            self.free_queue.append_n(evict_last)
+            self.free_queue.append_n(cast(list[int], evict_last))
 
     # -- prefix cache ---------------------------------------------------------------------------
     def cache_full_blocks(

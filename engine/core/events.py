@@ -20,10 +20,11 @@ requests.
 from __future__ import annotations
 
 import enum
+import struct
 from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Final
 
 
 class EventKind(enum.IntEnum):
@@ -80,7 +81,7 @@ class StepRecord:
     replica: int  # data-parallel rank of the engine that ran the step
 
 
-STEP_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(StepRecord))
+STEP_COLUMNS: Final[tuple[str, ...]] = tuple(f.name for f in fields(StepRecord))
 _INT_STEP_COLUMNS = frozenset(
     f.name for f in fields(StepRecord) if f.type in ("int", int)
 )
@@ -88,7 +89,26 @@ _INT_STEP_COLUMNS = frozenset(
 
 #: Steps buffered (as Python objects) before they are converted into the typed columns
 #: (≈ 400 bytes a step: a few MB at most).
-STEP_ROWS_BUFFERED = 16384
+STEP_ROWS_BUFFERED: Final = 16384
+
+
+def _typed_block(name: str, typecode: str, values: list[object]) -> Any:
+    """``values`` as an ``array(typecode)``: packed by ``struct`` (about twice as fast per
+    value as ``array.fromlist``), with the same type rules — ints for integer columns, ints or
+    floats for float columns, nothing that does not fit."""
+    block: Any = array(typecode)
+    try:
+        block.frombytes(struct.pack(f"{len(values)}{typecode}", *values))
+        return block
+    except (struct.error, TypeError, OverflowError):
+        pass
+    block = array(typecode)  # array's own conversion decides (and words the error)
+    try:
+        block.fromlist(values)
+    except (TypeError, OverflowError) as exc:
+        kind = "floats" if typecode == "d" else "integers"
+        raise TypeError(f"step column {name!r} takes {kind}: {exc}") from None
+    return block
 
 
 class EventLog:
@@ -194,19 +214,21 @@ class EventLog:
             self._flush_step_rows()
 
     def record_step_columns(self, columns: Sequence[Sequence[object]]) -> None:
-        """Several steps at once, one equal-length sequence per ``StepRecord`` field in
+        """Several steps at once, one equal-length list per ``StepRecord`` field in
         ``STEP_COLUMNS`` order (the bulk path's records: no rows are built). Like rows, the
         values are converted and type-checked when the buffered steps join the typed
         columns; ``record_steps`` checks at once."""
-        if len(columns) != len(STEP_COLUMNS):
-            raise ValueError(f"record_step_columns needs {len(STEP_COLUMNS)} columns")
+        num_columns = len(STEP_COLUMNS)
+        if len(columns) != num_columns:
+            raise ValueError(f"record_step_columns needs {num_columns} columns")
         n = len(columns[0])
-        for values in columns:
-            if len(values) != n:
+        for j in range(num_columns):
+            if len(columns[j]) != n:
                 raise ValueError("record_step_columns needs equal-length columns")
         self._rows_to_buffer()
-        for buf, values in zip(self._step_buf, columns, strict=True):
-            buf.extend(values)
+        buf = self._step_buf
+        for j in range(num_columns):
+            buf[j].extend(columns[j])
         self._num_buffered += n
         if self._num_buffered >= STEP_ROWS_BUFFERED:
             self._flush_step_rows()
@@ -224,12 +246,17 @@ class EventLog:
         self._append_columns([list(columns[name]) for name in STEP_COLUMNS])
 
     def _rows_to_buffer(self) -> None:
-        """Move the buffered rows into the column buffers (one transposition, in C)."""
+        """Move the buffered rows into the column buffers."""
         rows = self._step_rows
         if not rows:
             return
-        for buf, values in zip(self._step_buf, zip(*rows, strict=True), strict=True):
-            buf.extend(values)
+        buf = self._step_buf
+        num_columns = len(STEP_COLUMNS)
+        for row in rows:
+            if len(row) != num_columns:
+                raise ValueError(f"a step row has {num_columns} fields, got {len(row)}")
+            for j in range(num_columns):
+                buf[j].append(row[j])
         self._num_buffered += len(rows)
         self._step_rows = []
 
@@ -253,13 +280,7 @@ class EventLog:
                     raise TypeError(f"step column {name!r} takes strings")
                 converted.append(values)
                 continue
-            block = array(col.typecode)
-            try:
-                block.fromlist(values)
-            except (TypeError, OverflowError) as exc:
-                kind = "floats" if col.typecode == "d" else "integers"
-                raise TypeError(f"step column {name!r} takes {kind}: {exc}") from None
-            converted.append(block)
+            converted.append(_typed_block(name, col.typecode, values))
         for name, block in zip(STEP_COLUMNS, converted, strict=True):
             self._steps[name].extend(block)
 

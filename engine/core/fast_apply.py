@@ -11,7 +11,7 @@ and applied in that order.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from engine.core.fast_forward import BulkRun
 from engine.core.outputs import CachedRequestData, SchedulerOutput
@@ -22,7 +22,10 @@ if TYPE_CHECKING:
     from engine.core.kv_cache_manager import KVCacheManager
     from engine.core.scheduler import Scheduler
 
-_ALLOC, _CACHE, _FREE = 0, 1, 2  # block-event kinds, flat triples (request index, kind, arg)
+# block-event kinds, in flat triples (request index, kind, arg); Final: native when compiled
+_ALLOC: Final = 0
+_CACHE: Final = 1
+_FREE: Final = 2
 
 
 def _cdiv(a: int, b: int) -> int:

@@ -37,7 +37,7 @@ are not counted, so no preemption can occur).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from engine.core.outputs import AdmissionBlocker, BatchShape
 from engine.core.request import Request
@@ -45,15 +45,16 @@ from engine.core.request import Request
 if TYPE_CHECKING:
     from engine.core.engine_core import EngineCore
 
-NONE = AdmissionBlocker.NONE
-TOKEN_BUDGET = AdmissionBlocker.TOKEN_BUDGET
-MAX_NUM_SEQS = AdmissionBlocker.MAX_NUM_SEQS
+# Final module constants are native statics when compiled (a plain global is a dict lookup).
+NONE: Final = AdmissionBlocker.NONE
+TOKEN_BUDGET: Final = AdmissionBlocker.TOKEN_BUDGET
+MAX_NUM_SEQS: Final = AdmissionBlocker.MAX_NUM_SEQS
 
 #: Iterations of shapes computed at a time once a run's decisions are known (shapes past the
 #: driver's horizon would be wasted work).
-SHAPE_CHUNK = 32
+SHAPE_CHUNK: Final = 32
 
-NO_ITERATION = 1 << 60  # "never" (a native int for the compiled build: below 2**62)
+NO_ITERATION: Final = 1 << 60  # "never" (a native int when compiled: below 2**62)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -312,8 +313,8 @@ def find_bulk_run(core: EngineCore, token_id: int) -> BulkRun | None:
             if chunk < budget - (num_reqs - 1):
                 return None
     if is_async:
-        for req, req_id in zip(running, pending_tokens, strict=True):
-            if req.req_id != req_id:
+        for j, req_id in enumerate(pending_tokens):  # the batch lists them in running order
+            if running[j].req_id != req_id:
                 return None
     run = BulkRun(
         requests=list(running),
@@ -374,11 +375,12 @@ def _set_up_requests(
     for i in range(num_reqs):
         req = requests[i]
         c = req.num_computed_tokens
+        eos = req.eos_token_id
         if (
             req.num_stale_output_tokens
-            or len(req.block_ids) != _cdiv(c, bs)
-            or token_id == req.eos_token_id
-            or token_id in req.stop_token_ids
+            or len(req.block_ids) != -(-c // bs)
+            or (eos is not None and eos == token_id)
+            or (req.stop_token_ids and token_id in req.stop_token_ids)
             or req.num_in_flight_tokens != (pending_tokens[req.req_id] if is_async else 0)
         ):
             return False

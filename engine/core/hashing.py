@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections.abc import Hashable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 if TYPE_CHECKING:
     from engine.core.request import Request
@@ -68,7 +68,7 @@ class TokenBlockHasher:
 
 
 #: Bits of a generated block's index inside its int key (``PrecomputedBlockHasher``).
-_GEN_INDEX_BITS = 32
+_GEN_INDEX_BITS: Final = 32
 
 
 class PrecomputedBlockHasher:
@@ -84,7 +84,7 @@ class PrecomputedBlockHasher:
     (``block_pool``), so another request could never hit them.
     """
 
-    __slots__ = ("block_size", "prompt_block_hashes", "unique_id")
+    __slots__ = ("_gen_base", "_int_keys", "block_size", "prompt_block_hashes", "unique_id")
 
     def __init__(
         self, block_size: int, prompt_block_hashes: Sequence[BlockHash], unique_id: Hashable
@@ -92,24 +92,33 @@ class PrecomputedBlockHasher:
         self.block_size = block_size
         self.prompt_block_hashes = prompt_block_hashes
         self.unique_id = unique_id
+        # int keys: base + block index (block index < 2**32, so keys never collide)
+        uid = unique_id if type(unique_id) is int else -1  # plain ints only (no bool)
+        self._int_keys = uid >= 0
+        self._gen_base = -((uid + 1) << _GEN_INDEX_BITS) if uid >= 0 else 0
 
     def extend(self, request: Request) -> None:
         bs = self.block_size
         hashes = request.block_hashes
         num_full = request.num_tokens // bs
+        i = len(hashes)
+        if i >= num_full:
+            return
         given = self.prompt_block_hashes
         num_given = min(len(given), request.num_prompt_tokens // bs)
-        i = len(hashes)
         if i < num_given:
             hashes.extend(given[i : min(num_full, num_given)])
             i = len(hashes)
+            if i >= num_full:
+                return
+        if self._int_keys:
+            base = self._gen_base
+            if num_full - i == 1:
+                hashes.append(base + i)
+            else:
+                hashes.extend(range(base + i, base + num_full))
+            return
         uid = self.unique_id
-        if i >= num_full:
-            return
-        if type(uid) is int and uid >= 0:
-            base = -((uid + 1) << _GEN_INDEX_BITS)  # block index i < 2**32: keys never collide
-            hashes.extend(range(base + i, base + num_full))
-            return
         while i < num_full:
             hashes.append(("gen", uid, i))
             i += 1

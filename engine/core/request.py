@@ -154,8 +154,7 @@ class Request:
         self.num_cached_blocks = 0
         self.block_hasher = block_hasher
         self.block_hashes: list[BlockHash] = []
-        if block_hasher is not None:
-            block_hasher.extend(self)
+        self.hash_full_blocks()
 
     # -- tokens ---------------------------------------------------------------------------------
     @property
@@ -214,11 +213,14 @@ class Request:
         """Extend ``block_hashes`` to every full block of the known tokens (if a block became
         full since the last call)."""
         hasher = self.block_hasher
-        if hasher is None or self.num_tokens < (len(self.block_hashes) + 1) * hasher.block_size:
-            return
+        # The two branches read alike, but compiled, the first one's calls are native (the
+        # simulator's hasher) and the second one's go through the protocol.
         if isinstance(hasher, PrecomputedBlockHasher):
-            hasher.extend(self)  # the simulator's hasher: a native call when compiled
-        else:
+            if self.num_tokens >= (len(self.block_hashes) + 1) * hasher.block_size:
+                hasher.extend(self)
+        elif hasher is not None and (
+            self.num_tokens >= (len(self.block_hashes) + 1) * hasher.block_size
+        ):
             hasher.extend(self)
 
     # -- status ---------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
+from typing import Final
 
 from engine.core.config import EngineConfig
 from engine.core.kv_cache_manager import KVCacheManager
@@ -34,9 +35,10 @@ from engine.core.step_output import (
     new_request_data,
 )
 
-RUNNING = RequestStatus.RUNNING
-WAITING = RequestStatus.WAITING
-PREEMPTED = RequestStatus.PREEMPTED
+# Final module constants are native statics when compiled (a plain global is a dict lookup).
+RUNNING: Final = RequestStatus.RUNNING
+WAITING: Final = RequestStatus.WAITING
+PREEMPTED: Final = RequestStatus.PREEMPTED
 
 
 class Scheduler:
