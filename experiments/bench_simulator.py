@@ -72,9 +72,15 @@ def run_case(name: str) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("cases", nargs="*", default=["vidur-stream"], choices=list(CASES))
+    parser.add_argument("cases", nargs="*", metavar="CASE",
+                        help=f"{' and/or '.join(CASES)} (default: vidur-stream)")
     parser.add_argument("--repeat", type=int, default=1)
     args = parser.parse_args()
+    unknown = [c for c in args.cases if c not in CASES]
+    if unknown:
+        parser.error(f"unknown case {unknown[0]!r}; valid: {', '.join(CASES)}")
+    if not args.cases:
+        args.cases = ["vidur-stream"]
     print(f"{'case':<14} {'wall s':>7} {'sim-loop s':>10} {'req/s':>9} {'steps/s':>10} "
           f"{'bulk':>5} {'steps':>9} {'simulated s':>12} {'peak RSS MB':>11} {'compiled':>8}")
     for name in args.cases:

@@ -210,6 +210,9 @@ class EngineCore:
             counts.append(count)
         log.extend_runs_from(ids, starts, counts)
         requests = run.requests
+        if run.admitted:
+            log.record(requests[run.prefill_index].req_id, EventKind.SCHEDULED,
+                       timing.schedule_time_s[0], run.prefill_context[0])
         for pos, f in enumerate(run.finish_iters):
             if f >= k_total:
                 break
@@ -241,6 +244,10 @@ class EngineCore:
             run.step_columns(m)
         )
         zeros = [0] * m
+        new_reqs = zeros
+        if run.admitted:
+            new_reqs = [0] * m
+            new_reqs[0] = 1
         if run.num_waiting:
             blockers = [str(b) for b in run.blockers[:m]]
         else:
@@ -258,7 +265,7 @@ class EngineCore:
             num_decodes,
             context_sum,
             applied.sampled_per_step[skip:],
-            zeros,
+            new_reqs,
             zeros,
             zeros,
             applied.finished_per_step[skip:],

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from engine.core.fast_forward import BulkRun
-from engine.core.outputs import CachedRequestData, SchedulerOutput
+from engine.core.outputs import CachedRequestData, NewRequestData, SchedulerOutput
 from engine.core.request import Request, RequestStatus
+from engine.core.step_output import new_request_data
 
 if TYPE_CHECKING:
     from engine.core.engine_core import EngineCore
@@ -99,26 +100,37 @@ def apply_bulk_run(
     kv = sched.kv_cache_manager
     requests = run.requests
     num_reqs = len(requests)
+    x = run.prefill_index
     finished_before = sched.finished_req_ids  # shipped by the run's first schedule()
     sched.finished_req_ids = set()
-    events = _Events(k_total)
-    token_start = [0] * num_reqs
-    token_count = [0] * num_reqs
     pending_sampled = 0
     if run.is_async:
         pending = core.oldest_in_flight()
         pending_sampled = len(pending.num_scheduled_tokens) - len(pending.partial_prefill_req_ids)
+    # 1. Block events, from the plan and the requests as they are now.
+    events = _Events(k_total)
+    for i in range(num_reqs):
+        num_cached = requests[i].num_cached_blocks
+        if i == x:
+            num_cached = _prefill_events(run, i, requests[i], k_total, kv, events)
+        if k_total > run.decode_start[i]:
+            _decode_events(run, i, k_total, num_cached, kv, events)
+    # 2. An admission by the first schedule() comes after that schedule's decodes.
+    admitted = None
+    if run.admitted:
+        _apply_bucket(sched, kv, requests, events.buckets[0])
+        admitted = _admit(sched, run)
+    # 3. Counters and tokens (independent per request), then the remaining block events.
+    token_start = [0] * num_reqs
+    token_count = [0] * num_reqs
     for i in range(num_reqs):
         req = requests[i]
-        num_cached = req.num_cached_blocks
-        if i == run.prefill_index:
-            num_cached = _apply_prefill(run, i, req, k_total, kv, events, token_start,
-                                        token_count, token_id)
+        if i == x:
+            _prefill_counters(run, i, req, k_total, token_start, token_count, token_id)
         if k_total > run.decode_start[i]:
-            _apply_decodes(run, i, req, k_total, num_cached, kv, events, token_start,
-                           token_count, token_id)
+            _decode_counters(run, i, req, k_total, token_start, token_count, token_id)
         req.hash_full_blocks()
-    free_after = _apply_events(sched, kv, requests, events, k_total)
+    free_after = _apply_events(sched, kv, requests, events, k_total, run.admitted)
     _update_scheduler(sched, run, k_total)
     finish_counts = run.finish_counts(k_total)
     running_after = []
@@ -141,7 +153,7 @@ def apply_bulk_run(
             shipped = {requests[i].req_id for i in run.finishing(k_total - 2)}
         else:
             shipped = finished_before
-        last = _last_scheduled_output(run, k_total, shipped, kv.block_size)
+        last = _last_scheduled_output(run, k_total, shipped, kv.block_size, admitted)
     first_applied = run.first_applied_step_id()
     return AppliedRun(
         num_iterations=k_total,
@@ -156,6 +168,21 @@ def apply_bulk_run(
     )
 
 
+def _admit(sched: Scheduler, run: BulkRun) -> NewRequestData:
+    """The first schedule()'s admission, by the scheduler's own code; it must be the planned
+    one (``fast_forward._plan_admission``)."""
+    request = run.requests[run.prefill_index]
+    plan = sched.admit_waiting(run.token_budget - run.decoding[0])
+    if (
+        plan.scheduled_new != [request]
+        or plan.num_scheduled_tokens != {request.req_id: run.admission_chunk}
+        or plan.blocker != run.admission_blocker
+        or request.num_computed_tokens != run.prefill_context[0]
+    ):
+        raise AssertionError(f"bulk run: {request.req_id!r} was not admitted as planned")
+    return new_request_data(request, plan.new_block_ids[request.req_id])
+
+
 def _append_tokens(req: Request, token_id: int, count: int) -> None:
     tokens = [token_id] * count
     req.output_token_ids.extend(tokens)
@@ -165,19 +192,11 @@ def _append_tokens(req: Request, token_id: int, count: int) -> None:
     req.num_tokens += count
 
 
-def _apply_prefill(
-    run: BulkRun,
-    i: int,
-    req: Request,
-    k_total: int,
-    kv: KVCacheManager,
-    events: _Events,
-    token_start: list[int],
-    token_count: list[int],
-    token_id: int,
+def _prefill_events(
+    run: BulkRun, i: int, req: Request, k_total: int, kv: KVCacheManager, events: _Events
 ) -> int:
-    """The prefiller's chunks within the run (its counters and block events); returns its
-    registered block count after them."""
+    """The prefiller's block events within the run; returns its registered block count after
+    its chunks (an admission's first chunk is the admission's own business)."""
     bs = kv.block_size
     num_known = req.num_tokens
     num_cached = req.num_cached_blocks
@@ -186,15 +205,32 @@ def _apply_prefill(
     for k in range(chunks):
         c = run.prefill_context[k]
         end = c + run.prefill_chunk[k]
+        target = min(min(end, num_known) // bs, max_hashes)
+        if k == 0 and run.admitted:  # allocate_slots caches the same full blocks
+            num_cached = target
+            continue
         num_new = _cdiv(end, bs) - _cdiv(c, bs)
         if num_new:
             events.add(k, 0, i, _ALLOC, num_new)
-        if kv.enable_caching:
-            target = min(min(end, num_known) // bs, max_hashes)
-            if target > num_cached:
-                events.add(k, 0, i, _CACHE, target)
-                num_cached = target
-    last = chunks - 1
+        if kv.enable_caching and target > num_cached:
+            events.add(k, 0, i, _CACHE, target)
+            num_cached = target
+    if not run.is_async and chunks - 1 == run.prefill_done_iteration == run.finish_iteration[i]:
+        events.add(chunks - 1, 1, i, _FREE, 0)  # its first token ends it
+    return num_cached
+
+
+def _prefill_counters(
+    run: BulkRun,
+    i: int,
+    req: Request,
+    k_total: int,
+    token_start: list[int],
+    token_count: list[int],
+    token_id: int,
+) -> None:
+    """The prefiller's counters after its chunks within the run."""
+    last = min(k_total, len(run.prefill_chunk)) - 1
     req.num_computed_tokens = run.prefill_context[last] + run.prefill_chunk[last]
     final = last == run.prefill_done_iteration
     req.is_prefill_chunk = not final
@@ -205,43 +241,17 @@ def _apply_prefill(
         _append_tokens(req, token_id, 1)
         token_start[i] = last
         token_count[i] = 1
-        if run.finish_iteration[i] == last:
-            events.add(last, 1, i, _FREE, 0)
-    return num_cached
 
 
-def _apply_decodes(
-    run: BulkRun,
-    i: int,
-    req: Request,
-    k_total: int,
-    num_cached: int,
-    kv: KVCacheManager,
-    events: _Events,
-    token_start: list[int],
-    token_count: list[int],
-    token_id: int,
+def _decode_events(
+    run: BulkRun, i: int, k_total: int, num_cached: int, kv: KVCacheManager, events: _Events
 ) -> None:
-    """Request ``i``'s decode iterations within the run, from its steady decode state."""
+    """Request ``i``'s block events in its decode iterations within the run."""
     bs = kv.block_size
     start = run.decode_start[i]
     c = run.context_at_start[i]
     f = run.finish_iteration[i]
     scheduled = min(k_total, run.decode_end[i]) - start
-    if scheduled < 0:
-        scheduled = 0
-    tokens = min(k_total, f + 1) - start
-    if tokens > 0:
-        _append_tokens(req, token_id, tokens)
-        if not token_count[i]:
-            token_start[i] = start
-        token_count[i] += tokens
-    req.num_computed_tokens += scheduled
-    req.is_prefill_chunk = False
-    if run.is_async:
-        still = 1 if f >= k_total else 0
-        req.num_in_flight_tokens = still
-        req.num_output_placeholders = still
     k = start + (-c) % bs  # a new block when the context c + k − start hits a boundary
     stop = start + scheduled
     while k < stop:
@@ -262,40 +272,81 @@ def _apply_decodes(
                 events.add(start + k, 0, i, _CACHE, target)
                 num_cached = target
             k += bs
-    if f < k_total:
+    if start <= f < k_total:  # (a prefiller ended by its first token finished before start)
         if run.is_async and kv.enable_caching:
             # the finishing update caches up to the processed position, then frees
             events.add(f, 1, i, _CACHE, (c + f - start) // bs)
         events.add(f, 1, i, _FREE, 0)
 
 
+def _decode_counters(
+    run: BulkRun,
+    i: int,
+    req: Request,
+    k_total: int,
+    token_start: list[int],
+    token_count: list[int],
+    token_id: int,
+) -> None:
+    """Request ``i``'s counters after its decode iterations within the run (from its steady
+    decode state)."""
+    start = run.decode_start[i]
+    f = run.finish_iteration[i]
+    scheduled = min(k_total, run.decode_end[i]) - start
+    tokens = min(k_total, f + 1) - start
+    if tokens > 0:
+        _append_tokens(req, token_id, tokens)
+        if not token_count[i]:
+            token_start[i] = start
+        token_count[i] += tokens
+    if scheduled > 0:
+        req.num_computed_tokens += scheduled
+    req.is_prefill_chunk = False
+    if run.is_async:
+        still = 1 if f >= k_total else 0
+        req.num_in_flight_tokens = still
+        req.num_output_placeholders = still
+
+
 def _apply_events(
-    sched: Scheduler, kv: KVCacheManager, requests: list[Request], events: _Events, k_total: int
+    sched: Scheduler,
+    kv: KVCacheManager,
+    requests: list[Request],
+    events: _Events,
+    k_total: int,
+    first_applied: bool,
 ) -> list[int]:
-    """Apply the block events in order; returns the free block count after each iteration."""
-    pool = kv.block_pool
-    queue = pool.free_queue
-    bs = kv.block_size
+    """Apply the block events in order (the first bucket already, if ``first_applied``);
+    returns the free block count after each iteration."""
+    queue = kv.block_pool.free_queue
     free_after: list[int] = []
     buckets = events.buckets
     for k in range(k_total):
-        for phase in range(2):
-            bucket = buckets[2 * k + phase]
-            if bucket is None:
-                continue
-            p = 0
-            while p < len(bucket):
-                req = requests[bucket[p]]
-                kind = bucket[p + 1]
-                if kind == _ALLOC:
-                    req.block_ids.extend(pool.get_new_blocks(bucket[p + 2]))
-                elif kind == _CACHE:
-                    kv.cache_blocks(req, bucket[p + 2] * bs)
-                else:
-                    _finish(sched, req)
-                p += 3
+        if k or not first_applied:
+            _apply_bucket(sched, kv, requests, buckets[2 * k])
+        _apply_bucket(sched, kv, requests, buckets[2 * k + 1])
         free_after.append(queue.num_free_blocks)
     return free_after
+
+
+def _apply_bucket(
+    sched: Scheduler, kv: KVCacheManager, requests: list[Request], bucket: list[int] | None
+) -> None:
+    if bucket is None:
+        return
+    pool = kv.block_pool
+    bs = kv.block_size
+    p = 0
+    while p < len(bucket):
+        req = requests[bucket[p]]
+        kind = bucket[p + 1]
+        if kind == _ALLOC:
+            req.block_ids.extend(pool.get_new_blocks(bucket[p + 2]))
+        elif kind == _CACHE:
+            kv.cache_blocks(req, bucket[p + 2] * bs)
+        else:
+            _finish(sched, req)
+        p += 3
 
 
 def _finish(sched: Scheduler, req: Request) -> None:
@@ -331,10 +382,16 @@ def _scheduled_at(run: BulkRun, k: int) -> list[str]:
 
 
 def _last_scheduled_output(
-    run: BulkRun, k_total: int, finished_req_ids: set[str], bs: int
+    run: BulkRun,
+    k_total: int,
+    finished_req_ids: set[str],
+    bs: int,
+    admitted: NewRequestData | None,
 ) -> SchedulerOutput:
-    """The SchedulerOutput of the run's last schedule() (async: it stays in flight)."""
+    """The SchedulerOutput of the run's last schedule() (async: it stays in flight);
+    ``admitted``: the request the run's first schedule() admitted, if any."""
     k = k_total - 1
+    new_reqs = [admitted] if admitted is not None and k == 0 else []
     ids: list[str] = []
     new_block_ids: list[list[int] | None] = []
     computed: list[int] = []
@@ -343,6 +400,11 @@ def _last_scheduled_output(
     partial: set[str] = set()
     x = run.prefill_index
     for i, req in enumerate(run.requests):
+        if i == x and new_reqs:  # a new request: in scheduled_new_reqs
+            num_scheduled[req.req_id] = run.prefill_chunk[0]
+            if run.prefill_done_iteration != 0:
+                partial.add(req.req_id)
+            continue
         if i == x and k < len(run.prefill_chunk):
             c, q = run.prefill_context[k], run.prefill_chunk[k]
             blocks = req.block_ids[_cdiv(c, bs): _cdiv(c + q, bs)]
@@ -368,7 +430,7 @@ def _last_scheduled_output(
     )
     return SchedulerOutput(
         step_id=run.first_step_id + k,
-        scheduled_new_reqs=[],
+        scheduled_new_reqs=new_reqs,
         scheduled_cached_reqs=cached,
         num_scheduled_tokens=num_scheduled,
         total_num_scheduled_tokens=run.num_tokens(k),

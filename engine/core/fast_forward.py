@@ -40,7 +40,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Final
 
 from engine.core.outputs import AdmissionBlocker, BatchShape
-from engine.core.request import Request
+from engine.core.request import Request, RequestStatus
 
 if TYPE_CHECKING:
     from engine.core.engine_core import EngineCore
@@ -104,6 +104,12 @@ class BulkRun:
         self.context_at_start: list[int] = [0] * n
         self.prefill_index = -1
         self.prefill_done_iteration = NO_ITERATION  # j: the prefiller's last chunk
+        # the first schedule() admits the prefiller (``_plan_admission``): its first chunk,
+        # the admission verdict after it, and the free hit blocks it takes from the free queue
+        self.admitted = False
+        self.admission_chunk = 0
+        self.admission_blocker = NONE
+        self.admission_touched = 0
         self.prefill_chunk: list[int] = []
         self.prefill_context: list[int] = []
         # iteration shapes of the decodes (one entry per iteration computed so far)
@@ -300,11 +306,12 @@ def find_bulk_run(core: EngineCore, token_id: int) -> BulkRun | None:
     last = running[-1]
     prefilling = _is_prefiller(last, pending_partial, is_async)
     num_waiting = len(sched.waiting)
+    admits = False  # the run's first schedule() admits the head of the waiting queue
     if num_waiting and num_reqs < sched.max_num_seqs:
         # does the next schedule() leave budget to try an admission?
         if not prefilling:
             if num_reqs < budget:
-                return None
+                admits = True  # planned (or refused) once the decodes are known
         else:
             chunk = last.num_tokens - last.num_computed_tokens
             threshold = sched.long_prefill_token_threshold
@@ -328,7 +335,9 @@ def find_bulk_run(core: EngineCore, token_id: int) -> BulkRun | None:
     )
     if not _set_up_requests(run, core, token_id, pending_tokens, prefilling):
         return None
-    if num_waiting:
+    if admits and not _plan_admission(run, core, token_id):
+        return None
+    if run.num_waiting:
         # Admissions must stay blocked throughout: shapes are computed up to the first
         # iteration that might admit (the limit).
         _extend_shapes(run, NO_ITERATION)
@@ -343,6 +352,82 @@ def find_bulk_run(core: EngineCore, token_id: int) -> BulkRun | None:
     if run.max_iterations < 1 or run.ensure_shapes(1) < 1:
         return None
     return run
+
+
+def _plan_admission(run: BulkRun, core: EngineCore, token_id: int) -> bool:
+    """Plan the admission the run's first schedule() makes, asking the KV cache read-only what
+    ``_schedule_waiting`` will find: the head of the waiting queue, a new request, is admitted
+    with a first chunk, and nothing after it is tried (the queue is then empty, or the budget
+    or the seats are used up). False if it would go otherwise (the step-by-step path decides).
+    The admitted request becomes the run's prefiller; ``fast_apply`` admits it with the
+    scheduler's own code and checks the outcome against this plan."""
+    sched = core.scheduler
+    kv = sched.kv_cache_manager
+    request = sched.waiting.peek_request()
+    eos = request.eos_token_id
+    if (
+        request.status != RequestStatus.WAITING
+        or request.num_stale_output_tokens
+        or request.num_computed_tokens
+        or request.block_ids
+        or (eos is not None and eos == token_id)
+        or (request.stop_token_ids and token_id in request.stop_token_ids)
+    ):
+        return False
+    num_running = len(run.requests)
+    num_decodes = 0  # decodes scheduled in the first iteration (before the admission)
+    num_new_blocks = 0  # and the blocks they allocate first
+    bs = sched.block_size
+    for i in range(num_running):
+        if run.decode_end[i] > 0:
+            num_decodes += 1
+            if run.context_at_start[i] % bs == 0:
+                num_new_blocks += 1
+    hit_blocks, num_hits = kv.get_computed_blocks(request)
+    num_new = request.num_tokens - num_hits
+    threshold = run.long_prefill_threshold if num_running + run.num_waiting > 1 else 0
+    if 0 < threshold < num_new:
+        num_new = threshold
+    left = run.token_budget - num_decodes
+    if num_new > left:
+        if not sched.enable_chunked_prefill:
+            return False
+        num_new = left
+    free = kv.get_num_free_blocks() - num_new_blocks
+    if num_new <= 0 or not kv.slots_fit(
+        request, num_new, num_hits, hit_blocks,
+        full_sequence_must_fit=sched.reserve_full_isl,
+        has_scheduled_reqs=num_running > 0,
+        num_free_blocks=free,
+    ):
+        return False
+    blocker = NONE
+    if run.num_waiting > 1:  # what the admission loop checks before the next request
+        if left - num_new <= 0:
+            blocker = TOKEN_BUDGET
+        elif num_running + 1 >= run.max_num_seqs:
+            blocker = MAX_NUM_SEQS
+        else:
+            return False
+    ref_cnt = kv.block_pool.ref_cnt
+    i = len(run.requests)
+    run.requests.append(request)
+    run.decode_start.append(NO_ITERATION)
+    run.decode_end.append(NO_ITERATION)
+    run.finish_iteration.append(NO_ITERATION)
+    run.context_at_start.append(0)
+    run.finish_order.append(i)  # unknown finish: last
+    run.finish_iters.append(NO_ITERATION)
+    run.prefill_index = i
+    run.admitted = True
+    run.admission_blocker = blocker
+    run.admission_chunk = num_new
+    run.admission_touched = sum(1 for b in hit_blocks if ref_cnt[b] == 0)
+    run.num_waiting -= 1
+    run._running = num_running + 1
+    run._x_context = num_hits
+    run._x_num_tokens = request.num_tokens
+    return True
 
 
 def _is_prefiller(req: Request, pending_partial: set[str], is_async: bool) -> bool:
@@ -465,7 +550,10 @@ def _extend_shapes(run: BulkRun, upto: int) -> None:
         n = len(active)
         num_tokens = n
         prefilling = x >= 0 and run.prefill_done_iteration == NO_ITERATION
-        if prefilling:
+        admitting = k == 0 and run.admitted  # planned by _plan_admission
+        if admitting:
+            num_tokens += run.admission_chunk
+        elif prefilling:
             q = _prefill_chunk(run, n)
             if q <= 0:
                 run.limit = k  # the prefiller would get nothing: not a run state
@@ -474,7 +562,10 @@ def _extend_shapes(run: BulkRun, upto: int) -> None:
         elif n == 0:
             run.limit = k  # nothing would be scheduled
             break
-        if waiting:
+        if admitting:
+            if waiting:
+                run.blockers.append(run.admission_blocker)
+        elif waiting:
             blocker = run.blocker_of(num_tokens, run._running)
             if blocker == NONE:
                 run.limit = k  # this schedule() would try to admit
@@ -565,7 +656,7 @@ def _num_allocs(run: BulkRun, iterations: int, bs: int) -> int:
     chunks = min(iterations, len(run.prefill_chunk))
     if chunks > 0:
         end = run.prefill_context[chunks - 1] + run.prefill_chunk[chunks - 1]
-        total += _cdiv(end, bs) - _cdiv(run.prefill_context[0], bs)
+        total += _cdiv(end, bs) - _cdiv(run.prefill_context[0], bs) + run.admission_touched
     return total
 
 

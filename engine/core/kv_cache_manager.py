@@ -136,24 +136,19 @@ class KVCacheManager:
         watermark of free blocks is kept for WAITING/PREEMPTED requests when others are
         scheduled. Returns the newly allocated block ids, or None with nothing changed.
         """
+        if not self.slots_fit(
+            request,
+            num_new_tokens,
+            num_new_computed_tokens,
+            new_computed_blocks,
+            full_sequence_must_fit=full_sequence_must_fit,
+            has_scheduled_reqs=has_scheduled_reqs,
+            num_free_blocks=self.block_pool.free_queue.num_free_blocks,
+        ):
+            return None
         max_model_len = self.max_model_len
         total_computed = min(request.num_computed_tokens + num_new_computed_tokens, max_model_len)
-        watermark = 0
-        if has_scheduled_reqs and (
-            request.status == RequestStatus.WAITING or request.status == RequestStatus.PREEMPTED
-        ):
-            watermark = self.watermark_blocks
-        num_free = self.block_pool.free_queue.num_free_blocks
-        if full_sequence_must_fit:
-            full = min(request.num_tokens, max_model_len)
-            if self._num_blocks_to_allocate(request, full, new_computed_blocks) + watermark > (
-                num_free
-            ):
-                return None
         num_tokens_need_slot = min(total_computed + num_new_tokens, max_model_len)
-        needed = self._num_blocks_to_allocate(request, num_tokens_need_slot, new_computed_blocks)
-        if needed + watermark > num_free:
-            return None
         held = request.block_ids
         if new_computed_blocks:
             self.block_pool.touch(new_computed_blocks)
@@ -167,6 +162,36 @@ class KVCacheManager:
         if self.enable_caching:
             self.cache_blocks(request, min(total_computed + num_new_tokens, request.num_tokens))
         return new_blocks
+
+    def slots_fit(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int,
+        new_computed_blocks: Sequence[int],
+        *,
+        full_sequence_must_fit: bool,
+        has_scheduled_reqs: bool,
+        num_free_blocks: int,
+    ) -> bool:
+        """Would ``allocate_slots`` with these arguments succeed with ``num_free_blocks`` free
+        blocks? (Its own test; read-only, so the bulk path can ask ahead.)"""
+        max_model_len = self.max_model_len
+        total_computed = min(request.num_computed_tokens + num_new_computed_tokens, max_model_len)
+        watermark = 0
+        if has_scheduled_reqs and (
+            request.status == RequestStatus.WAITING or request.status == RequestStatus.PREEMPTED
+        ):
+            watermark = self.watermark_blocks
+        if full_sequence_must_fit:
+            full = min(request.num_tokens, max_model_len)
+            if self._num_blocks_to_allocate(request, full, new_computed_blocks) + watermark > (
+                num_free_blocks
+            ):
+                return False
+        num_tokens_need_slot = min(total_computed + num_new_tokens, max_model_len)
+        needed = self._num_blocks_to_allocate(request, num_tokens_need_slot, new_computed_blocks)
+        return needed + watermark <= num_free_blocks
 
     def allocate_running_slots(self, request: Request, num_new_tokens: int) -> list[int] | None:
         """``allocate_slots`` for a RUNNING request: no prefix hit, no gate, no watermark.

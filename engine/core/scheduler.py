@@ -282,6 +282,14 @@ class Scheduler:
         plan.token_budget = budget
         plan.blocker = blocker
 
+    def admit_waiting(self, token_budget: int) -> StepPlan:
+        """``schedule()``'s admission phase alone, with ``token_budget`` tokens left by the
+        running requests (the bulk path runs a first schedule() whose running requests it
+        applies itself); returns its plan."""
+        plan = StepPlan(token_budget)
+        self._schedule_waiting(plan, self._effective_long_prefill_threshold())
+        return plan
+
     def _preempt_request(self, request: Request, drop_stale_output: bool = False) -> None:
         """Free the request's KV and put it back at the front of the waiting queue."""
         self.kv_cache_manager.free_preempted(request)
