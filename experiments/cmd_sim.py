@@ -79,17 +79,35 @@ def _simulate(args: argparse.Namespace) -> int:
 
     base = load_experiment_file(args.config) if args.config else {}
     cfg = SimConfig.from_dict(config_dict_from_args(args, base))
-    from experiments.reporting import finish_run, prepare_out_dir, report_options
+    from experiments.reporting import finish_run, prepare_out_dir, print_summary, report_options
 
     options = report_options(args)  # parsed now: a bad flag fails before the run
     out_dir = prepare_out_dir(Path(args.out) if args.out else default_out_dir())
     progress = args.progress if args.progress is not None else sys.stderr.isatty()
-    result = run_simulation(cfg, progress=progress)
+    from experiments.report_process import ReportProcess
+
+    reporter = ReportProcess.start()  # imports the report stack while the simulation runs
+    try:
+        result = run_simulation(cfg, progress=progress)
+    except BaseException:
+        if reporter is not None:
+            reporter.close()
+        raise
+    meta = run_meta(result)
+    log = result.event_log
+    del result  # the log is all the report needs: free the rest before rendering it
+    written = None
+    if reporter is not None:
+        written = reporter.write(
+            log, meta, out_dir, options, plots=not args.no_plots, file_format=args.format
+        )
+    if written is not None:
+        print_summary(*written, out_dir)
+        return 0
     from reports.tables import build_tables
 
-    meta = run_meta(result)
-    tables = build_tables(result.event_log)
-    del result  # the event log is no longer needed: free it before rendering the report
+    tables = build_tables(log)
+    del log  # the event log is no longer needed: free it before rendering the report
     finish_run(tables=tables, meta=meta, out_dir=out_dir, args=args, options=options)
     return 0
 

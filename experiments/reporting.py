@@ -81,9 +81,15 @@ def finish_run(
         )
     except ReportError as exc:
         raise UserError(str(exc)) from None
-    print(format_summary(summary))
+    print_summary(summary, format_summary(summary), out_dir)
+    return summary
+
+
+def print_summary(summary: dict[str, Any], text: str, out_dir: Path) -> None:
+    """Print a run's summary (``text``: ``reports.metrics.format_summary(summary)``), its
+    diagnosis, and where the run directory is."""
+    print(text)
     diagnosis = summary.get("diagnosis")
     if isinstance(diagnosis, dict) and diagnosis.get("text"):
         print(f"\nDiagnosis: {diagnosis['text']}")
     print(f"\nRun directory: {out_dir}", file=sys.stderr)
-    return summary

@@ -47,6 +47,30 @@ STAGE_COLUMNS: dict[str, EventKind] = {
 }
 
 
+class ExportedLog:
+    """An ``EventLog.export()`` read back (in a report process): the log's read side."""
+
+    def __init__(self, exported: dict[str, Any]) -> None:
+        self.req_ids: list[str] = exported["req_ids"]
+        self._exported = exported
+
+    def events_columns(self) -> dict[str, object]:
+        return self._exported["events"]  # type: ignore[no-any-return]
+
+    def token_runs(self) -> dict[str, Any]:
+        return self._exported["token_runs"]  # type: ignore[no-any-return]
+
+    def steps_columns(self) -> dict[str, object]:
+        return self._exported["steps"]  # type: ignore[no-any-return]
+
+    def delivered_columns(self) -> dict[str, Any]:
+        return self._exported["delivered"]  # type: ignore[no-any-return]
+
+
+#: What the tables are built from: the log itself, or its export.
+RunLog = EventLog | ExportedLog
+
+
 @dataclass(frozen=True, eq=False)
 class RunTables:
     """A run's per-request, per-step and per-token-run tables (see the module invariants)."""
@@ -66,7 +90,7 @@ class _Events:
     payload: list[int | str | None]
 
 
-def build_tables(log: EventLog) -> RunTables:
+def build_tables(log: RunLog) -> RunTables:
     """The three tables of ``log`` (copies: the log may keep growing afterwards)."""
     steps = build_steps(log)
     runs = build_token_runs(log)
@@ -74,14 +98,14 @@ def build_tables(log: EventLog) -> RunTables:
     return RunTables(requests, steps, runs)
 
 
-def build_steps(log: EventLog) -> pd.DataFrame:
+def build_steps(log: RunLog) -> pd.DataFrame:
     """One row per step, sorted by ``step_id``, with ``delivered_time_s`` (NaN: no outputs)."""
     cols = log.steps_columns()
     data: dict[str, object] = {}
     for name in STEP_COLUMNS:
         col = cols[name]
         if name == "admission_blocker":
-            data[name] = pd.Categorical(list(col))  # type: ignore[call-overload]
+            data[name] = _categorical(col)  # type: ignore[arg-type]
         else:
             code = getattr(col, "typecode", "d")  # keep the log's compact types
             dtype = {"d": np.float64, "i": np.int32}.get(code, np.int64)
@@ -92,12 +116,37 @@ def build_steps(log: EventLog) -> pd.DataFrame:
     delivered = log.delivered_columns()
     ids = np.asarray(delivered["step_id"], dtype=np.int64)
     times = np.asarray(delivered["time_s"], dtype=np.float64)
-    lookup = pd.Series(times, index=ids)
-    steps["delivered_time_s"] = lookup.reindex(steps["step_id"].to_numpy()).to_numpy()
+    steps["delivered_time_s"] = _by_step(steps["step_id"].to_numpy(), ids, times)
     return steps
 
 
-def build_token_runs(log: EventLog) -> pd.DataFrame:
+def _categorical(values: list[str]) -> pd.Categorical:
+    """``pd.Categorical(values)`` (categories sorted), built from codes: a few distinct values
+    repeated once per step are coded in C instead of converted one string at a time."""
+    categories = sorted(set(values))
+    code_of = {v: i for i, v in enumerate(categories)}
+    codes = np.fromiter(map(code_of.__getitem__, values), dtype=np.int32, count=len(values))
+    return pd.Categorical.from_codes(codes, categories=categories)
+
+
+def _by_step(step_ids: np.ndarray, ids: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """``times`` (of steps ``ids``) aligned to the sorted, unique ``step_ids``; NaN where a
+    step has none. A step delivered twice is an error (as a pandas reindex would raise)."""
+    out = np.full(len(step_ids), np.nan)
+    if not ids.size or not step_ids.size:
+        return out
+    pos = np.searchsorted(step_ids, ids)
+    inside = pos < step_ids.size
+    found = inside.copy()
+    found[inside] = step_ids[pos[inside]] == ids[inside]
+    pos, hit_times = pos[found], times[found]
+    if pos.size and np.bincount(pos).max() > 1:
+        raise ValueError("a step was delivered twice")
+    out[pos] = hit_times
+    return out
+
+
+def build_token_runs(log: RunLog) -> pd.DataFrame:
     """Token runs sorted by (req_index, first_step)."""
     runs = log.token_runs()
     req = _copy_array(runs["req_index"], np.int64)
@@ -119,7 +168,7 @@ def step_lookup(steps: pd.DataFrame, column: str) -> np.ndarray:
     return out
 
 
-def build_requests(log: EventLog, steps: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+def build_requests(log: RunLog, steps: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     """One row per request: stage times, token counts, derived metrics, breakdown segments."""
     n = len(log.req_ids)
     ev = _events(log)
@@ -219,7 +268,7 @@ def _copy_array(col: Any, dtype: type) -> np.ndarray:
     return np.asarray(col, dtype=dtype).copy()
 
 
-def _events(log: EventLog) -> _Events:
+def _events(log: RunLog) -> _Events:
     ev = log.events_columns()
     return _Events(
         _copy_array(ev["req_index"], np.int64),

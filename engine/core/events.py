@@ -367,6 +367,17 @@ class EventLog:
         """The same as columns: step_id, time_s (in recording order)."""
         return {"step_id": self._delivered_step, "time_s": self._delivered_time}
 
+    def export(self) -> dict[str, Any]:
+        """What the reports read, as plain arrays and lists (picklable: for a report process;
+        ``reports.tables.ExportedLog`` reads it)."""
+        return {
+            "req_ids": self.req_ids,
+            "events": self.events_columns(),
+            "token_runs": self.token_runs(),
+            "steps": self.steps_columns(),
+            "delivered": self.delivered_columns(),
+        }
+
     def iter_events(self, expand_tokens: bool = True) -> Iterator[RequestEvent]:
         """All events in time order (stable), token runs expanded into TOKEN events."""
         events = [

@@ -1,0 +1,130 @@
+"""Write a run directory from a second process that prepares while the run itself goes on.
+
+The report stack (pandas, pyarrow, ``reports``) takes ≈ 0.4 s to import, about as long as the
+whole simulation of a small run. ``ReportProcess.start()``, called before a run, forks a process
+that imports it meanwhile on another core and then waits; after the run, ``write`` sends it the
+event log (``EventLog.export()``: plain arrays), and it builds the tables and writes the run
+directory exactly as ``reports.run_dir.write_run_dir_from_tables`` does in-process (it is that
+function), returning the summary and its printed form.
+
+It is an optimisation only, so it steps aside whenever it would not help or might not work:
+``start`` returns None where ``fork`` is unavailable, when the report stack is already imported
+(a test session, a sweep), or with ``TWINSERVE_REPORT_PROCESS=0``; ``write`` returns None —
+the caller then writes in-process — for logs too large to copy cheaply, or if the process
+died or failed for any reason other than a report error (which it raises as the in-process
+path would: ``UserError``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import sys
+import traceback
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from engine.core.errors import UserError
+from engine.core.events import EventLog
+
+#: Logs with more steps than this are written in-process (copying one to the report process
+#: would briefly double the memory a long run holds).
+MAX_STEPS_SENT = 2_000_000
+
+
+class ReportProcess:
+    """A forked process holding the report stack, waiting for one run's event log."""
+
+    def __init__(self, process: multiprocessing.process.BaseProcess, conn: Connection) -> None:
+        self._process = process
+        self._conn = conn
+
+    @classmethod
+    def start(cls) -> ReportProcess | None:
+        """Fork the report process, or None where it would not help (see the module)."""
+        if os.environ.get("TWINSERVE_REPORT_PROCESS", "1") == "0" or "pandas" in sys.modules:
+            return None
+        if "fork" not in multiprocessing.get_all_start_methods():
+            return None
+        ctx = multiprocessing.get_context("fork")
+        ours, theirs = ctx.Pipe()
+        try:
+            process = ctx.Process(target=_serve, args=(theirs,), daemon=True)
+            process.start()
+        except OSError:
+            return None
+        theirs.close()
+        return cls(process, ours)
+
+    def write(
+        self,
+        log: EventLog,
+        meta: dict[str, Any],
+        out_dir: Path,
+        options: dict[str, Any],
+        plots: bool,
+        file_format: str,
+    ) -> tuple[dict[str, Any], str] | None:
+        """Have the process write ``out_dir``; returns (summary, printed summary), or None if
+        the caller should write it in-process instead. A report error is raised as
+        ``UserError``."""
+        try:
+            if log.num_steps > MAX_STEPS_SENT:
+                return None
+            self._conn.send((log.export(), meta, str(out_dir), options, plots, file_format))
+            status, value = self._conn.recv()
+        except (EOFError, OSError):
+            return None
+        finally:
+            self.close()
+        if status == "report-error":
+            raise UserError(value)
+        if status != "ok":
+            return None  # it failed: the in-process path shows the same failure, in full
+        summary, text = value
+        return summary, text
+
+    def close(self) -> None:
+        """Stop the process (it exits when its connection closes)."""
+        try:
+            self._conn.close()
+        finally:
+            self._process.join(timeout=5)
+            if self._process.is_alive():
+                self._process.terminate()
+                self._process.join()
+
+
+def _serve(conn: Connection) -> None:
+    """The report process: import the report stack, then write one run directory."""
+    try:
+        from reports.errors import ReportError
+        from reports.metrics import format_summary
+        from reports.run_dir import write_run_dir_from_tables
+        from reports.tables import ExportedLog, build_tables
+    except BaseException:
+        _reply(conn, "crash", traceback.format_exc())
+        return
+    try:
+        request = conn.recv()
+    except (EOFError, OSError, KeyboardInterrupt):
+        return  # the run ended without a report (an error, an interruption)
+    try:
+        exported, meta, out_dir, options, plots, file_format = request
+        tables = build_tables(ExportedLog(exported))
+        del exported, request
+        summary = write_run_dir_from_tables(
+            Path(out_dir), tables, meta, **options, plots=plots, file_format=file_format
+        )
+        _reply(conn, "ok", (summary, format_summary(summary)))
+    except ReportError as exc:
+        _reply(conn, "report-error", str(exc))
+    except BaseException:
+        _reply(conn, "crash", traceback.format_exc())
+
+
+def _reply(conn: Connection, status: str, value: object) -> None:
+    with contextlib.suppress(OSError, ValueError):  # the run may be gone
+        conn.send((status, value))
