@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -49,7 +50,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Commands that do no sizable linear algebra (the real engine's commands run torch, which may
+#: use OpenBLAS on some platforms, and are left alone).
+_BLAS_LIGHT_COMMANDS = frozenset(
+    {"simulate", "sweep", "plan", "report", "compare", "replay-schedule", "compile"}
+)
+
+
+def _one_blas_thread(argv: Sequence[str]) -> None:
+    """numpy's OpenBLAS starts a thread per core at import, and they spin for a while: ≈ 0.1 s
+    of CPU taken from the core a simulation's report process imports pandas on. These commands
+    need one BLAS thread at most (a value the user exported is kept). Effective only before
+    numpy is imported, which ``build_parser`` does."""
+    if argv[:1] and argv[0] in _BLAS_LIGHT_COMMANDS:
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _one_blas_thread(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func

@@ -29,7 +29,7 @@ def _columns(log: EventLog) -> dict[str, list[object]]:
 
 
 def test_rows_row_blocks_and_column_blocks_agree() -> None:
-    steps = [_step(i, "token_budget" if i % 3 else "") for i in range(9)]
+    steps = [_step(i, "token_budget" if i % 3 else "") for i in range(12)]
     by_row = EventLog()
     for s in steps:
         by_row.record_step(s)
@@ -38,7 +38,9 @@ def test_rows_row_blocks_and_column_blocks_agree() -> None:
     mixed.record_step_rows(_row(s) for s in steps[1:4])
     mixed.record_steps({name: [getattr(s, name) for s in steps[4:7]] for name in STEP_COLUMNS})
     mixed.record_step_rows(iter([_row(steps[7]), _row(steps[8])]))
-    assert mixed.num_steps == by_row.num_steps == 9
+    mixed.record_step_row(_row(steps[9]))
+    mixed.record_step_columns([[getattr(s, n) for s in steps[10:12]] for n in STEP_COLUMNS])
+    assert mixed.num_steps == by_row.num_steps == 12
     assert _columns(mixed) == _columns(by_row)
     assert list(_columns(mixed)) == list(STEP_COLUMNS)
 
@@ -78,3 +80,34 @@ def test_a_bad_buffered_row_fails_its_flush_without_a_partial_append() -> None:
     with pytest.raises(TypeError, match="'num_waiting'"):
         log.steps_columns()
     assert {len(v) for v in log._steps.values()} == {1}  # every column still one step long
+
+
+def test_column_blocks_are_checked_when_they_join_the_columns() -> None:
+    log = EventLog()
+    log.record_step(_step(0))
+    log.steps_columns()  # joined the typed columns
+    with pytest.raises(ValueError, match="22 columns"):
+        log.record_step_columns([[1]] * 3)
+    with pytest.raises(ValueError, match="equal-length"):
+        log.record_step_columns([[1]] * (len(STEP_COLUMNS) - 1) + [[1, 2]])
+    columns = [[getattr(_step(1), n)] for n in STEP_COLUMNS]
+    columns[STEP_COLUMNS.index("num_reqs")] = [2.5]
+    log.record_step_columns(columns)
+    with pytest.raises(TypeError, match="'num_reqs'"):
+        log.steps_columns()
+    assert {len(v) for v in log._steps.values()} == {1}  # nothing appended
+
+
+def test_large_integers_and_floats_in_int_and_float_columns() -> None:
+    """Values the struct packing refuses fall back to array's own rules (same errors)."""
+    log = EventLog()
+    row = list(_row(_step(0)))
+    row[STEP_COLUMNS.index("kv_usage")] = 1  # an int in a float column: accepted
+    row[STEP_COLUMNS.index("decode_context_sum")] = 2**40  # int64 column
+    log.record_step_row(tuple(row))
+    cols = log.steps_columns()
+    assert cols["kv_usage"][0] == 1.0 and cols["decode_context_sum"][0] == 2**40
+    row[STEP_COLUMNS.index("num_reqs")] = 2**40  # an int32 column: too large
+    log.record_step_row(tuple(row))
+    with pytest.raises(TypeError, match="'num_reqs' takes integers"):
+        log.steps_columns()

@@ -1,7 +1,8 @@
-"""The bulk decode fast path equals step-by-step execution, exactly.
+"""The bulk fast path equals step-by-step execution, exactly.
 
 From random engine states (sync and async scheduling, prefix caching on and off, shared
-prefixes, tight KV caches, waiting queues blocked by max_num_seqs), applying K iterations in
+prefixes, tight KV caches, waiting queues blocked by max_num_seqs or the token budget, a last
+request still prefilling, an arrival the run's first step admits), applying K iterations in
 bulk must leave the scheduler, the KV cache (block ids, free-queue order, hash map) and the
 event records exactly as K calls of begin_step/finish_step would.
 """
@@ -10,7 +11,10 @@ from __future__ import annotations
 
 import copy
 import random
+from collections import Counter
+from collections.abc import Callable
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -84,6 +88,7 @@ def _state(core: EngineCore) -> dict:
         "finished": sched.finished_req_ids,
         "ref_cnt": list(pool.ref_cnt),
         "block_hash": list(pool.block_hash),
+        "in_map": list(pool.in_map),
         "free_queue": pool.free_queue.get_all_free_blocks(),
         "table": table,
         "in_flight": flights,
@@ -134,13 +139,13 @@ def _build(seed: int) -> tuple[EngineCore, list[Request], random.Random]:
     return core, requests, rng
 
 
-@settings(max_examples=150, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 10**6), k_frac=st.floats(0.0, 1.0))
-def test_bulk_run_equals_step_by_step(seed: int, k_frac: float) -> None:
+def _drive(seed: int, k_frac: float) -> Counter[str]:
+    """Run a random engine; wherever a bulk run is found (half the time), apply ``k_frac`` of
+    its iterations in bulk to a copy, step the original as many times, and require the same
+    state. Returns what kinds of runs were compared."""
     core, requests, rng = _build(seed)
     pending = list(requests)
-    checked = 0
+    seen: Counter[str] = Counter()
     for step in range(400):
         while pending and rng.random() < 0.4:
             core.add_request(pending.pop(0), float(step))
@@ -156,13 +161,39 @@ def test_bulk_run_equals_step_by_step(seed: int, k_frac: float) -> None:
             for i in range(k):
                 _iterate(core, float(step + i))
             assert _state(bulk) == _state(core)
-            checked += 1
+            seen["runs"] += 1
+            if run.prefill_index >= 0:
+                seen["prefill"] += 1
+                seen["prefill completed"] += run.prefill_done_iteration < k
+            seen["admission"] += run.admitted
+            seen["async"] += run.is_async
             continue
         _iterate(core, float(step))
     # The whole run completes and leaks nothing.
     pool = core.scheduler.kv_cache_manager.block_pool
     if not core.has_work() and not pending:
         assert pool.get_num_free_blocks() == pool.num_gpu_blocks - 1
+    return seen
+
+
+@settings(max_examples=150, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**6), k_frac=st.floats(0.0, 1.0))
+def test_bulk_run_equals_step_by_step(seed: int, k_frac: float) -> None:
+    _drive(seed, k_frac)
+
+
+def test_every_kind_of_run_is_compared() -> None:
+    """The random states do reach each kind of run (a guard against a fast path that silently
+    stopped applying): plain decodes, a prefilling last request (finishing its prefill inside
+    the run or not), an absorbed admission, under both schedulings."""
+    seen: Counter[str] = Counter()
+    for seed in range(40):
+        seen += _drive(seed, (seed % 7) / 6)
+    assert seen["runs"] >= 300
+    assert seen["prefill"] >= 60 and seen["prefill completed"] >= 30
+    assert seen["admission"] >= 30
+    assert 0.2 * seen["runs"] <= seen["async"] <= 0.8 * seen["runs"]
 
 
 def test_fast_path_applies_on_a_plain_decode_batch() -> None:
@@ -189,3 +220,102 @@ def test_fast_path_applies_on_a_plain_decode_batch() -> None:
     assert run.decoding[:10] == [3] * 9 + [2]
     assert run.context_sum[0] == 15 and run.context_sum[9] == 2 * 5 + 2 * 9
     assert run.finishing(8) == [0] and run.finishing(28) == [2]
+
+
+def _engine(async_scheduling: bool, budget: int = 16) -> EngineCore:
+    return EngineCore(EngineConfig(
+        scheduler=SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=8,
+                                  max_model_len=512, async_scheduling=async_scheduling),
+        cache=CacheConfig(num_gpu_blocks=200, block_size=4),
+    ))
+
+
+def _request(req_id: str, prompt_len: int, max_tokens: int) -> Request:
+    return Request(req_id, sampling_params=SamplingParams(max_tokens=max_tokens),
+                   prompt_token_ids=[7 + len(req_id)] * prompt_len,
+                   block_hasher=TokenBlockHasher(4))
+
+
+def _every_length_equals_step_by_step(build: Callable[[], EngineCore]) -> int:
+    """Bulk-apply each possible number of iterations of the run found in ``build()``'s state,
+    against as many steps of another ``build()``; returns the run's length. (Built twice, not
+    copied: the compiled core's classes cannot be deep-copied, and these tests run compiled
+    too.)"""
+    run = build().find_bulk_run(TOKEN)
+    assert run is not None
+    for k in range(1, run.max_iterations + 1):
+        steps, bulk = build(), build()
+        bulk_run = bulk.find_bulk_run(TOKEN)
+        assert bulk_run is not None
+        bulk.apply_bulk_run(bulk_run, k, TOKEN, _timing(k, 10.0))
+        for i in range(k):
+            _iterate(steps, 10.0 + i)
+        assert _state(bulk) == _state(steps), f"{k} iterations"
+    return run.max_iterations
+
+
+def _two_decodes(async_scheduling: bool, budget: int = 16) -> EngineCore:
+    core = _engine(async_scheduling, budget)
+    for i in range(2):
+        core.add_request(_request(f"d{i}", 5, 30), 0.0)
+    for step in range(3):
+        _iterate(core, float(step))
+    return core
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_long_prompt_is_prefilled_inside_a_run(async_scheduling: bool) -> None:
+    """Two decodes and a 40-token prompt under a 16-token budget: the prompt takes what the
+    decodes leave (14 tokens a step) until it is prefilled, then decodes too — one run."""
+
+    def build() -> EngineCore:
+        core = _two_decodes(async_scheduling)
+        core.add_request(_request("long", 40, 6), 3.0)
+        _iterate(core, 3.0)  # admits it with its first chunk, step by step
+        return core
+
+    run = build().find_bulk_run(TOKEN)
+    assert run is not None and run.prefill_index == 2 and not run.admitted
+    assert run.prefill_chunk == [14, 12]  # 40 = 14 (already scheduled) + 14 + 12
+    assert run.prefill_done_iteration == 1
+    assert run.decode_start[2] == 2  # it decodes from the iteration after its last chunk
+    assert _every_length_equals_step_by_step(build) == run.max_iterations > 5
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_an_arrival_is_admitted_by_the_first_step_of_a_run(async_scheduling: bool) -> None:
+    """A request arriving at running decodes is admitted by the run's first schedule() (by
+    the scheduler's own admission code), then prefilled and decoded inside the same run."""
+
+    def build() -> EngineCore:
+        core = _two_decodes(async_scheduling)
+        core.add_request(_request("new", 20, 6), 3.0)
+        return core
+
+    run = build().find_bulk_run(TOKEN)
+    assert run is not None and run.admitted and run.prefill_index == 2
+    assert run.admission_chunk == 14 and run.prefill_chunk == [14, 6]
+    assert run.num_waiting == 0
+    _every_length_equals_step_by_step(build)
+    # recorded as the step-by-step path records it: scheduled once, by the first schedule()
+    bulk = build()
+    bulk_run = bulk.find_bulk_run(TOKEN)
+    assert bulk_run is not None
+    bulk.apply_bulk_run(bulk_run, 3, TOKEN, _timing(3, 10.0))
+    events = [e for e in bulk.event_log.iter_events(expand_tokens=False) if e.req_id == "new"]
+    assert [(e.kind.name, e.time_s, e.payload) for e in events if e.kind.name == "SCHEDULED"] == [
+        ("SCHEDULED", 10.0, 0)
+    ]
+    steps = bulk.event_log.steps_columns()
+    first = list(steps["step_id"]).index(bulk_run.first_step_id)
+    assert steps["num_new_reqs"][first] == 1
+
+
+def test_two_admissions_in_one_step_are_left_to_the_scheduler() -> None:
+    """When the first schedule() would go on to try a second waiting request, no run is
+    planned: the step-by-step scheduler decides that step."""
+    core = _two_decodes(False, budget=64)
+    core.add_request(_request("a", 8, 6), 2.0)
+    assert core.find_bulk_run(TOKEN) is not None  # one arrival: absorbed
+    core.add_request(_request("b", 8, 6), 2.0)
+    assert core.find_bulk_run(TOKEN) is None  # budget and seats left for the second one

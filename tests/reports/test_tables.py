@@ -138,3 +138,41 @@ def test_open_runs_and_unfinished_requests_count_as_failed():
 def test_empty_log():
     t = build_tables(EventLog())
     assert len(t.requests) == 0 and len(t.steps) == 0 and len(t.token_runs) == 0
+
+
+def _assert_same_tables(a, b) -> None:
+    for name in ("requests", "steps", "token_runs"):
+        x, y = getattr(a, name), getattr(b, name)
+        pd.testing.assert_frame_equal(x, y, check_exact=True)
+
+
+def test_an_exported_log_builds_the_same_tables():
+    """A report process builds its tables from ``EventLog.export()`` (pickled): identical."""
+    import pickle
+
+    from reports.tables import ExportedLog
+
+    log = known_log()
+    exported = pickle.loads(pickle.dumps(log.export()))
+    _assert_same_tables(build_tables(ExportedLog(exported)), build_tables(log))
+
+
+def test_the_blocker_column_is_the_categorical_of_its_strings():
+    from reports.tables import _categorical
+
+    for values in (["", "token_budget", "kv_cache", "", "token_budget"], [], ["max_num_seqs"]):
+        got, want = _categorical(values), pd.Categorical(values)
+        assert list(got.categories) == list(want.categories)
+        assert got.categories.dtype == want.categories.dtype
+        assert list(got.codes) == list(want.codes)
+
+
+def test_delivery_times_align_with_steps_and_a_double_delivery_is_refused():
+    from reports.tables import _by_step
+
+    steps = np.array([2, 3, 5, 8])
+    got = _by_step(steps, np.array([8, 3, 9, 0]), np.array([0.8, 0.3, 0.9, 0.0]))
+    np.testing.assert_array_equal(got, [np.nan, 0.3, np.nan, 0.8])
+    assert np.isnan(_by_step(steps, np.array([], dtype=np.int64), np.array([]))).all()
+    with pytest.raises(ValueError, match="delivered twice"):
+        _by_step(steps, np.array([3, 3]), np.array([0.3, 0.4]))
