@@ -31,7 +31,7 @@ from engine.core.events import EventLog
 
 #: Logs with more steps than this are written in-process (copying one to the report process
 #: would briefly double the memory a long run holds).
-MAX_STEPS_SENT = 2_000_000
+MAX_STEPS_SENT = 500_000
 
 
 class ReportProcess:
@@ -40,6 +40,7 @@ class ReportProcess:
     def __init__(self, process: multiprocessing.process.BaseProcess, conn: Connection) -> None:
         self._process = process
         self._conn = conn
+        self._sent = False  # did it get a log to write?
 
     @classmethod
     def start(cls) -> ReportProcess | None:
@@ -51,7 +52,7 @@ class ReportProcess:
         ctx = multiprocessing.get_context("fork")
         ours, theirs = ctx.Pipe()
         try:
-            process = ctx.Process(target=_serve, args=(theirs,), daemon=True)
+            process = ctx.Process(target=_serve, args=(theirs, ours), daemon=True)
             process.start()
         except OSError:
             return None
@@ -74,6 +75,7 @@ class ReportProcess:
             if log.num_steps > MAX_STEPS_SENT:
                 return None
             self._conn.send((log.export(), meta, str(out_dir), options, plots, file_format))
+            self._sent = True
             status, value = self._conn.recv()
         except (EOFError, OSError):
             return None
@@ -87,18 +89,25 @@ class ReportProcess:
         return summary, text
 
     def close(self) -> None:
-        """Stop the process (it exits when its connection closes)."""
+        """Stop the process: it exits when the connection closes after its reply; one that
+        got nothing to write (the run failed or was interrupted) is terminated at once."""
         try:
             self._conn.close()
         finally:
+            if not self._sent:
+                self._process.terminate()
             self._process.join(timeout=5)
             if self._process.is_alive():
                 self._process.terminate()
                 self._process.join()
 
 
-def _serve(conn: Connection) -> None:
-    """The report process: import the report stack, then write one run directory."""
+def _serve(conn: Connection, parent_end: Connection | None = None) -> None:
+    """The report process: import the report stack, then write one run directory.
+    ``parent_end``, the other end of the pipe (inherited by the fork), is closed first, so
+    that the run closing its end is seen here as the end of the conversation."""
+    if parent_end is not None:
+        parent_end.close()
     try:
         from reports.errors import ReportError
         from reports.metrics import format_summary

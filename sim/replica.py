@@ -288,22 +288,19 @@ class EngineReplica:
                 updates, applied.num_running_after, applied.free_blocks_after, strict=True
             ):
                 self._reports.append((u, running, waiting, 1.0 - free / usable))
-        with_output = [j for j, n in enumerate(tokens) if n]
-        out_tokens = [tokens[j] for j in with_output]
-        delivered = self.out.plan([updates[j] for j in with_output], out_tokens)
-        self.out.commit(delivered, out_tokens)
         first = applied.applied_step_ids.start
+        step_ids, delivered = self.out.deliver_steps(first, updates, tokens)
         log = self.log
-        log.record_deliveries([first + j for j in with_output], delivered)
-        if not with_output:
+        log.record_deliveries(step_ids, delivered)
+        if not step_ids:
             return
         requests, order, iters = run.requests, run.finish_order, run.finish_iters
-        j = 0  # walk with_output (increasing) alongside the finishes (by iteration)
+        j = 0  # walk the delivering steps (increasing) alongside the finishes (by iteration)
         for pos in range(len(iters)):
             f = iters[pos]
             if f >= applied.num_iterations:
                 break
-            while with_output[j] < f:
+            while step_ids[j] < first + f:
                 j += 1
             d = delivered[j]  # a finishing step always delivers its last token
             req_id = requests[order[pos]].req_id

@@ -78,7 +78,7 @@ class OutputProcessor:
 
     def plan(self, update_times_s: list[float], num_tokens: list[int]) -> list[float]:
         """Delivery times of consecutive steps (outputs of ``num_tokens[i]`` tokens applied at
-        ``update_times_s[i]``) without changing state; ``commit`` makes them happen."""
+        ``update_times_s[i]``) without changing state (``deliver_steps`` makes them happen)."""
         cfg = self.cfg
         ipc, net = cfg.ipc_latency_s, cfg.network_latency_s
         over, per_token = cfg.output_batch_overhead_s, cfg.detokenize_s_per_token
@@ -90,11 +90,29 @@ class OutputProcessor:
             out.append(free + net)
         return out
 
-    def commit(self, delivered_s: list[float], num_tokens: list[int]) -> None:
-        """Adopt the outcome of ``plan`` for steps that did produce outputs."""
-        if delivered_s:
-            self._free_at = delivered_s[-1] - self.cfg.network_latency_s
-            cfg = self.cfg
-            self.busy_s += sum(
-                cfg.output_batch_overhead_s + cfg.detokenize_s_per_token * n for n in num_tokens
-            )
+    def deliver_steps(
+        self, first_step_id: int, update_times_s: list[float], num_tokens: list[int]
+    ) -> tuple[list[int], list[float]]:
+        """``process`` for consecutive steps ``first_step_id, first_step_id + 1, …`` (outputs
+        of ``num_tokens[j]`` tokens applied at ``update_times_s[j]``; steps without outputs
+        send nothing): the ids of the steps that delivered and their delivery times."""
+        cfg = self.cfg
+        ipc, net = cfg.ipc_latency_s, cfg.network_latency_s
+        over, per_token = cfg.output_batch_overhead_s, cfg.detokenize_s_per_token
+        free = self._free_at
+        busy = self.busy_s
+        step_ids: list[int] = []
+        delivered: list[float] = []
+        for j in range(len(update_times_s)):
+            n = num_tokens[j]
+            if not n:
+                continue
+            ready = update_times_s[j] + ipc
+            cost = over + per_token * n
+            free = (ready if ready > free else free) + cost  # as process()
+            busy += cost
+            step_ids.append(first_step_id + j)
+            delivered.append(free + net)
+        self._free_at = free
+        self.busy_s = busy
+        return step_ids, delivered

@@ -111,3 +111,27 @@ def test_any_other_failure_leaves_the_report_to_the_caller(small_run: Any,
     a_file.write_text("")
     assert _reporter().write(small_run.event_log, {"kind": "simulated"}, a_file, OPTIONS,
                              plots=False, file_format="csv") is None
+
+
+class _Process:
+    """Records what ``close`` does to the process."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def join(self, timeout: float | None = None) -> None:
+        self.calls.append("join")
+
+    def is_alive(self) -> bool:
+        return False
+
+    def terminate(self) -> None:
+        self.calls.append("terminate")
+
+
+def test_a_process_left_without_a_log_is_terminated_at_once() -> None:
+    """If the run fails or is interrupted, the report process is not waited for."""
+    ours, _theirs = Pipe()
+    process = _Process()
+    ReportProcess(process, ours).close()  # type: ignore[arg-type]
+    assert process.calls == ["terminate", "join"]
