@@ -83,6 +83,7 @@ class EngineReplica:
         self.num_bulk_steps = 0
         self.num_bulk_runs = 0
         self._wakeup_s = 0.0  # extra time owed by the next step (the loop just woke up)
+        self._last_cost_s = 0.0  # the last bulk step's duration (to size the next run's shapes)
 
     # -- inputs ---------------------------------------------------------------------------------
     def push(self, arrival_s: float, seq: int, request: Request) -> None:
@@ -208,7 +209,11 @@ class EngineReplica:
         num_prefill = run.num_prefill_iterations
         finish_iters = run.finish_iters
         next_finish = 0  # position in finish_iters of the next finish
-        available = run.ensure_shapes(1)
+        # as many shapes as the horizon leaves room for at the last step's pace (more later)
+        estimate = 1
+        if self._last_cost_s > 0.0 and horizon < float("inf"):
+            estimate = min(int((horizon - now) / self._last_cost_s) + 2, 1 << 16)
+        available = run.ensure_shapes(estimate)
         k = 0
         while t < horizon:
             if k >= available:
@@ -264,6 +269,8 @@ class EngineReplica:
         applied = core.apply_bulk_run(
             run, k, PLACEHOLDER_TOKEN_ID, RunTiming(sched_t, starts, ends, updates, costs)
         )
+        if costs:
+            self._last_cost_s = costs[-1]
         if is_async:
             del self._pending[prev_id]
             assert applied.last_scheduled is not None

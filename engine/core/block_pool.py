@@ -87,6 +87,16 @@ class FreeBlockQueue:
         self.num_free_blocks -= n
         return cast(list[int], out)
 
+    def peek_n(self, n: int) -> list[int]:
+        """The first ``n`` free blocks (what ``popleft_n(n)`` would return), left in place."""
+        nxt, tail = self._next, self._tail
+        out: list[int] = []
+        cur = nxt[self._head]
+        while len(out) < n and cur != tail:
+            out.append(cur)
+            cur = nxt[cur]
+        return out
+
     def remove(self, block_id: int) -> None:
         self._unlink(block_id)
 

@@ -44,15 +44,17 @@ from engine.core.request import Request, RequestStatus
 
 if TYPE_CHECKING:
     from engine.core.engine_core import EngineCore
+    from engine.core.hashing import BlockHash
+    from engine.core.kv_cache_manager import KVCacheManager
 
 # Final module constants are native statics when compiled (a plain global is a dict lookup).
 NONE: Final = AdmissionBlocker.NONE
 TOKEN_BUDGET: Final = AdmissionBlocker.TOKEN_BUDGET
 MAX_NUM_SEQS: Final = AdmissionBlocker.MAX_NUM_SEQS
 
-#: Iterations of shapes computed at a time once a run's decisions are known (shapes past the
-#: driver's horizon would be wasted work).
-SHAPE_CHUNK: Final = 32
+#: Iterations of shapes computed at a time beyond what the driver asked for (shapes past its
+#: horizon would be wasted work; the driver asks for its estimate first).
+SHAPE_CHUNK: Final = 8
 
 NO_ITERATION: Final = 1 << 60  # "never" (a native int when compiled: below 2**62)
 
@@ -131,7 +133,6 @@ class BulkRun:
         self._x_join = NO_ITERATION  # iteration the prefiller starts decoding
         self._x_context = 0  # the prefiller's context before its next chunk
         self._x_num_tokens = 0  # its known tokens (constant while it prefills)
-        self._chunk = 8  # iterations computed by the next extension (doubling)
 
     # -- the driver's view ----------------------------------------------------------------------
     @property
@@ -157,8 +158,7 @@ class BulkRun:
         have = len(self.decoding)
         top = self.max_iterations
         if have < num_iterations and have < top:
-            target = have + self._chunk
-            self._chunk *= 2
+            target = have + SHAPE_CHUNK
             if target < num_iterations:
                 target = num_iterations
             _extend_shapes(self, target if target < top else top)
@@ -384,6 +384,8 @@ def _plan_admission(run: BulkRun, core: EngineCore, token_id: int) -> bool:
             if run.context_at_start[i] % bs == 0:
                 num_new_blocks += 1
     hit_blocks, num_hits = kv.get_computed_blocks(request)
+    if kv.enable_caching and not _hits_survive_first_decodes(run, kv, request, num_new_blocks):
+        return False
     num_new = request.num_tokens - num_hits
     threshold = run.long_prefill_threshold if num_running + run.num_waiting > 1 else 0
     if 0 < threshold < num_new:
@@ -427,6 +429,37 @@ def _plan_admission(run: BulkRun, core: EngineCore, token_id: int) -> bool:
     run._running = num_running + 1
     run._x_context = num_hits
     run._x_num_tokens = request.num_tokens
+    return True
+
+
+def _hits_survive_first_decodes(
+    run: BulkRun, kv: KVCacheManager, request: Request, num_new_blocks: int
+) -> bool:
+    """Does the admission see the prefix hits looked up now? In the first schedule() the
+    decodes come first: their new blocks are popped from the free queue (evicting the hashes
+    those blocks carry) and their newly full blocks are registered. If either could touch the
+    request's hash chain, the plan is refused (the step-by-step path decides that step)."""
+    pool = kv.block_pool
+    bs = kv.block_size
+    chain: set[BlockHash] | None = None
+    for b in pool.free_queue.peek_n(num_new_blocks):
+        if pool.in_map[b]:
+            if chain is None:
+                chain = set(request.block_hashes[: (request.num_tokens - 1) // bs])
+            if pool.block_hash[b] in chain:
+                return False
+    lag = 0 if run.is_async else 1  # known tokens beyond the context at that schedule()
+    for i in range(len(run.requests)):
+        if run.decode_end[i] <= 0:
+            continue  # not scheduled by the first schedule()
+        req = run.requests[i]
+        target = min((run.context_at_start[i] + lag) // bs, len(req.block_hashes))
+        if target > req.num_cached_blocks:
+            if chain is None:
+                chain = set(request.block_hashes[: (request.num_tokens - 1) // bs])
+            for j in range(req.num_cached_blocks, target):
+                if req.block_hashes[j] in chain:
+                    return False
     return True
 
 

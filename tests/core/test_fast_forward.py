@@ -100,21 +100,28 @@ def _state(core: EngineCore) -> dict:
 
 def _build(seed: int) -> tuple[EngineCore, list[Request], random.Random]:
     rng = random.Random(seed)
+    knobs = random.Random(-seed - 1)  # the rarer scheduler knobs, drawn apart
     bs = rng.choice([2, 4, 16])
     max_num_seqs = rng.choice([2, 3, 8, 16])
     budget = max(max_num_seqs, rng.choice([8, 32, 256]))
+    max_model_len = rng.choice([64, 200, 4096])
+    chunked = knobs.random() < 0.8 or budget < max_model_len  # (off needs a budget >= it)
     config = EngineConfig(
         scheduler=SchedulerConfig(
             max_num_batched_tokens=budget,
             max_num_seqs=max_num_seqs,
-            max_model_len=rng.choice([64, 200, 4096]),
+            max_model_len=max_model_len,
             async_scheduling=rng.random() < 0.5,
             policy=rng.choice(["fcfs", "priority"]),
+            enable_chunked_prefill=chunked,
+            long_prefill_token_threshold=knobs.choice([0, 0, 0, 3, 12]),
+            scheduler_reserve_full_isl=knobs.random() < 0.7,
         ),
         cache=CacheConfig(
             num_gpu_blocks=rng.choice([30, 60, 400]),
             block_size=bs,
             enable_prefix_caching=rng.random() < 0.7,
+            watermark=knobs.choice([0.0, 0.0, 0.05, 0.2]),
         ),
     )
     core = EngineCore(config)
@@ -319,3 +326,33 @@ def test_two_admissions_in_one_step_are_left_to_the_scheduler() -> None:
     assert core.find_bulk_run(TOKEN) is not None  # one arrival: absorbed
     core.add_request(_request("b", 8, 6), 2.0)
     assert core.find_bulk_run(TOKEN) is None  # budget and seats left for the second one
+
+
+def test_an_admission_whose_hits_the_first_decodes_evict_is_left_to_the_scheduler() -> None:
+    """The first schedule() allocates the decodes' blocks before it admits: popping a cached
+    block the arrival would have hit shortens its hit. Such an admission is not planned."""
+    core = EngineCore(EngineConfig(
+        scheduler=SchedulerConfig(max_num_batched_tokens=32, max_num_seqs=8, max_model_len=64),
+        cache=CacheConfig(num_gpu_blocks=8, block_size=4),
+    ))
+    core.add_request(_request("d", 3, 40), 0.0)
+    for rid, token in (("a", 1), ("c", 2)):  # 3 full blocks each, done after one token
+        core.add_request(Request(rid, sampling_params=SamplingParams(max_tokens=1),
+                                 prompt_token_ids=[token] * 12,
+                                 block_hasher=TokenBlockHasher(4)), 0.0)
+    for step in range(2):
+        _iterate(core, float(step))
+    core.add_request(Request("x", sampling_params=SamplingParams(max_tokens=4),
+                             prompt_token_ids=[1] * 12 + [9], block_hasher=TokenBlockHasher(4)),
+                     2.0)
+    kv = core.scheduler.kv_cache_manager
+    free = kv.block_pool.free_queue.get_all_free_blocks()
+    assert len(free) == 6 and all(kv.block_pool.in_map[b] for b in free)  # "a"'s, then "c"'s
+    assert core.scheduler.requests["d"].num_computed_tokens == 4  # it pops free[0] next
+    assert kv.get_computed_blocks(core.scheduler.waiting.peek_request())[1] == 12
+    run = core.find_bulk_run(TOKEN)
+    assert run is None or not run.admitted
+    _iterate(core, 2.0)
+    scheduled = [e.payload for e in core.event_log.iter_events(expand_tokens=False)
+                 if e.req_id == "x" and e.kind.name == "SCHEDULED"]
+    assert scheduled == [8]  # "a"'s last block went to "d": two blocks hit, not three
