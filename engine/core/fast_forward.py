@@ -510,7 +510,7 @@ def _set_up_requests(
             continue
         if req.num_output_placeholders != expected_ph or req.num_tokens - c != lag:
             return False
-        f = min(req.max_tokens - len(req.output_token_ids), max_model_len - req.num_tokens) - 1
+        f = _tokens_left(req.max_tokens - len(req.output_token_ids), max_model_len - req.num_tokens)
         finishes[i] = f
         ends[i] = f + 1 - d_end
         contexts[i] = c
@@ -637,6 +637,14 @@ def _prefill_chunk(run: BulkRun, num_decodes: int) -> int:
     return num_new
 
 
+def _tokens_left(outputs_left: int, tokens_left: int) -> int:
+    """Updates after the next one before a request stops: the next token ends it when it
+    reaches max_tokens or max_model_len (a prompt of max_model_len tokens stops at its first
+    token)."""
+    left = min(outputs_left, tokens_left) - 1
+    return left if left > 0 else 0
+
+
 def _prefill_done(run: BulkRun, j: int) -> None:
     """The prefiller's chunk of iteration ``j`` completes its known tokens: from ``j + 1`` it
     decodes (context = its known tokens) until its finish."""
@@ -646,12 +654,11 @@ def _prefill_done(run: BulkRun, j: int) -> None:
     t = run._x_num_tokens
     n = len(req.output_token_ids)
     start = j + 1
-    if run.is_async:  # its first token is in flight at j + 1
-        finish = start + min(req.max_tokens - n, run.max_model_len - t) - 1
-        end = finish
-    else:  # its first token came at the update of j (which may end it: finish = j)
-        finish = start + min(req.max_tokens - n - 1, run.max_model_len - t - 1) - 1
-        end = finish + 1
+    # its first token lands at the update of j (synchronous) or j + 1 (async: in flight), then
+    # one a step until its length limit
+    first = start if run.is_async else j
+    finish = first + _tokens_left(req.max_tokens - n, run.max_model_len - t)
+    end = finish if run.is_async else finish + 1
     run.decode_start[i] = start
     run.decode_end[i] = end
     run.context_at_start[i] = t

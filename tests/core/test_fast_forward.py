@@ -356,3 +356,26 @@ def test_an_admission_whose_hits_the_first_decodes_evict_is_left_to_the_schedule
     scheduled = [e.payload for e in core.event_log.iter_events(expand_tokens=False)
                  if e.req_id == "x" and e.kind.name == "SCHEDULED"]
     assert scheduled == [8]  # "a"'s last block went to "d": two blocks hit, not three
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_prompt_of_max_model_len_stops_at_its_first_token(async_scheduling: bool) -> None:
+    """A prompt of exactly max_model_len tokens is admitted (as vLLM admits it) and its first
+    token ends it: inside a bulk run it finishes then, not an iteration early."""
+
+    def build() -> EngineCore:
+        core = EngineCore(EngineConfig(
+            scheduler=SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=8, max_model_len=32,
+                                      async_scheduling=async_scheduling),
+            cache=CacheConfig(num_gpu_blocks=40, block_size=4),
+        ))
+        core.add_request(_request("d", 3, 20), 0.0)
+        for step in range(2):
+            _iterate(core, float(step))
+        core.add_request(_request("w", 32, 5), 2.0)
+        return core
+
+    run = build().find_bulk_run(TOKEN)
+    assert run is not None and run.admitted
+    assert run.finish_iteration[run.prefill_index] == (1 if async_scheduling else 0)
+    _every_length_equals_step_by_step(build)
