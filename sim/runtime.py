@@ -219,12 +219,14 @@ class SimRuntime:
                         self._outstanding -= 1
                     if self._outstanding < limit:
                         break
+                    # wait for the earliest slot to free, or for a new release: with several
+                    # replicas one may report a delivery earlier than those already known
+                    self._client_wake = env.event()
                     if self._releases:
-                        yield env.timeout(self._releases[0] - env.now)
+                        yield env.timeout(self._releases[0] - env.now) | self._client_wake
                     else:
-                        self._client_wake = env.event()
                         yield self._client_wake
-                        self._client_wake = None
+                    self._client_wake = None
             t = float(send_times[i])
             if t > env.now:
                 yield env.timeout(t - env.now)

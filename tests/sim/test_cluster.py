@@ -94,3 +94,64 @@ def test_data_parallel_spreads_load_and_uses_every_replica() -> None:
     assert len(per_replica) == 3 and (per_replica > 0).all()
     ids = np.sort(np.asarray(steps["step_id"]))
     assert (ids == np.arange(len(ids))).all()  # dense ids after the run
+
+
+def test_a_closed_loop_client_wakes_for_an_earlier_delivery_of_another_replica() -> None:
+    """With two replicas, one may report a delivery earlier than the one the closed-loop
+    client already waits for; the client must wake for it (it slept on, and the engines,
+    bounded by that release, spun at one instant forever). Found by fuzzing; both paths."""
+    import signal
+
+    from engine.core.events import EventKind
+    from sim.config import EngineKnobs
+    from sim.runtime import SimRuntime
+    from sim.workload import Workload
+    from tests.sim.helpers import LinearCostModel
+
+    send = [0.00053, 0.0014, 0.006059, 0.006151, 0.008053, 0.013176, 0.013542, 0.013556,
+            0.013894, 0.013932, 0.021259, 0.032923, 0.03735, 0.04363, 0.102211, 0.145508,
+            0.179016, 0.180335, 0.196905, 0.201838, 0.227583, 0.229913, 0.233309, 0.25024,
+            0.256891, 0.297723, 0.448206, 0.505118, 0.654564, 1.092773, 1.235607, 1.577294,
+            1.767253, 1.894992, 1.991997, 2.658465]
+    prompts = [23, 24, 16, 5, 22, 27, 20, 19, 37, 15, 20, 11, 23, 22, 28, 98, 16, 28, 28, 24,
+               35, 9, 20, 22, 30, 34, 35, 19, 24, 26, 44, 15, 45, 30, 5, 172]
+    outputs = [29, 46, 72, 6, 2, 2, 1, 1, 1, 2, 1, 1, 1, 1, 2, 1, 2, 2, 1, 1, 1, 37, 76, 1, 1,
+               2, 1, 2, 2, 45, 1, 1, 37, 1, 68, 1]
+    priorities = [0, 3, 2, 3, 3, 2, 3, 1, 0, 3, 3, 1, 3, 0, 1, 1, 1, 2, 0, 1, 0, 3, 0, 0, 1, 2,
+                  3, 3, 1, 0, 0, 1, 2, 3, 1, 3]
+    prefix_ids = [-1, 0, 1, 1, 0, 1, 2, 1, -1, 2, 0, 1, 0, 2, 1, -1, 1, 1, -1, 0, 2, 0, 1, 0, 0,
+                  0, 2, 0, -1, 2, 1, 0, -1, 1, -1, -1]
+    prefix_lens = [16, 20, 4, 4, 20, 24, 20, 8, 4, 12, 16, 4, 16, 20, 20, 12, 16, 16, 24, 20, 24,
+                   4, 12, 16, 24, 32, 28, 16, 28, 24, 32, 4, 16, 28, 32, 24]
+    w = Workload(
+        send_time_s=np.asarray(send), prompt_lens=np.asarray(prompts, dtype=np.int64),
+        output_lens=np.asarray(outputs, dtype=np.int64),
+        priorities=np.asarray(priorities, dtype=np.int64),
+        shared_prefix_ids=np.asarray(prefix_ids, dtype=np.int64),
+        shared_prefix_lens=np.asarray(prefix_lens, dtype=np.int64),
+        max_concurrency=2, source="hand-built",
+    )
+    engine = EngineKnobs(max_num_batched_tokens=512, max_num_seqs=1,
+                         long_prefill_token_threshold=8, policy="priority", block_size=4)
+
+    def timeout(*_: object) -> None:
+        raise TimeoutError("the simulation did not finish")
+
+    previous = signal.signal(signal.SIGALRM, timeout)
+    try:
+        logs = []
+        for fast_path in (False, True):
+            signal.alarm(60)
+            cfg = SimConfig(engine=engine, num_gpu_blocks=131, max_model_len=512,
+                            fast_path=fast_path, data_parallel_size=2, router="prefix_aware")
+            result = SimRuntime(cfg, workload=w, cost_model=LinearCostModel()).run()
+            signal.alarm(0)
+            log = result.event_log
+            kinds = list(log.events_columns()["kind"])  # type: ignore[call-overload]
+            assert kinds.count(EventKind.DELIVERED) == 36  # every request came back
+            logs.append((list(log.steps_columns()["update_time_s"]),  # type: ignore[call-overload]
+                         sorted(log.delivered_times().items())))
+        assert logs[0] == logs[1]
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
