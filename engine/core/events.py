@@ -345,7 +345,10 @@ class EventLog:
         }
 
     def token_runs(self) -> dict[str, array[int]]:
-        """All token runs (finished and open) as columns: req_index, first_step, num_tokens."""
+        """All token runs (finished and open) as columns: req_index, first_step, num_tokens.
+
+        The order of the runs carries no meaning (it depends on when each was closed); read
+        them as a set, or use ``iter_events``, which orders them."""
         req, first, count = array("i", self._run_req), array("q", self._run_first), array(
             "q", self._run_count
         )
@@ -379,7 +382,10 @@ class EventLog:
         }
 
     def iter_events(self, expand_tokens: bool = True) -> Iterator[RequestEvent]:
-        """All events in time order (stable), token runs expanded into TOKEN events."""
+        """All events in time order, token runs expanded into TOKEN events. At one time,
+        recorded events keep their recording order and TOKEN events come in the order of
+        their requests' first appearance in the log (so a log reads the same whether its
+        steps were applied one by one or in bulk)."""
         events = [
             RequestEvent(self.req_ids[r], EventKind(k), t, p)
             for r, k, t, p in zip(
@@ -392,8 +398,11 @@ class EventLog:
             update_times = self._steps["update_time_s"]
             time_of = dict(zip(step_ids, update_times, strict=True))
             runs = self.token_runs()
-            for r, f, c in zip(
-                runs["req_index"], runs["first_step"], runs["num_tokens"], strict=True
+            # Runs are stored in the order they were closed, which depends on how the steps
+            # were applied (one by one or in bulk); the events of one step follow the
+            # requests' order of first appearance instead, whatever the storage order.
+            for r, f, c in sorted(
+                zip(runs["req_index"], runs["first_step"], runs["num_tokens"], strict=True)
             ):
                 for s in range(f, f + c):
                     events.append(
