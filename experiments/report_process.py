@@ -109,6 +109,11 @@ def _serve(conn: Connection, parent_end: Connection | None = None) -> None:
     if parent_end is not None:
         parent_end.close()
     try:
+        # pyarrow.parquet and reports.render, which the writers import lazily, are imported
+        # now too, while the run goes on
+        import pyarrow.parquet  # noqa: F401
+
+        import reports.render  # noqa: F401
         from reports.errors import ReportError
         from reports.metrics import format_summary
         from reports.run_dir import write_run_dir_from_tables
