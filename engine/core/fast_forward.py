@@ -311,6 +311,8 @@ def find_bulk_run(core: EngineCore, token_id: int) -> BulkRun | None:
         # does the next schedule() leave budget to try an admission?
         if not prefilling:
             if num_reqs < budget:
+                if _admission_cannot_fit(core, num_reqs):
+                    return None  # the plan would refuse it: no need to set the run up
                 admits = True  # planned (or refused) once the decodes are known
         else:
             chunk = last.num_tokens - last.num_computed_tokens
@@ -384,8 +386,6 @@ def _plan_admission(run: BulkRun, core: EngineCore, token_id: int) -> bool:
             if run.context_at_start[i] % bs == 0:
                 num_new_blocks += 1
     hit_blocks, num_hits = kv.get_computed_blocks(request)
-    if kv.enable_caching and not _hits_survive_first_decodes(run, kv, request, num_new_blocks):
-        return False
     num_new = request.num_tokens - num_hits
     threshold = run.long_prefill_threshold if num_running + run.num_waiting > 1 else 0
     if 0 < threshold < num_new:
@@ -411,6 +411,9 @@ def _plan_admission(run: BulkRun, core: EngineCore, token_id: int) -> bool:
             blocker = MAX_NUM_SEQS
         else:
             return False
+    # the hits looked up now must be those the admission will see (checked last: the dearest)
+    if kv.enable_caching and not _hits_survive_first_decodes(run, kv, request, num_new_blocks):
+        return False
     ref_cnt = kv.block_pool.ref_cnt
     i = len(run.requests)
     run.requests.append(request)
@@ -430,6 +433,34 @@ def _plan_admission(run: BulkRun, core: EngineCore, token_id: int) -> bool:
     run._x_context = num_hits
     run._x_num_tokens = request.num_tokens
     return True
+
+
+def _admission_cannot_fit(core: EngineCore, num_reqs: int) -> bool:
+    """A necessary condition of ``_plan_admission``, checked before a run is set up (KV memory
+    often keeps the head of the queue waiting for many steps): True if the head cannot fit
+    even with the most room the first schedule() could leave it — every free block still free
+    (no decode takes one first) and the smallest first chunk (every running request decodes).
+    ``slots_fit`` only gets harder with fewer free blocks or more tokens, so the plan, which
+    also needs these hits to stand, would be refused."""
+    sched = core.scheduler
+    kv = sched.kv_cache_manager
+    request = sched.waiting.peek_request()
+    hit_blocks, num_hits = kv.get_computed_blocks(request)
+    num_new = request.num_tokens - num_hits
+    threshold = sched.long_prefill_token_threshold  # applies: a request runs, another waits
+    if 0 < threshold < num_new:
+        num_new = threshold
+    least_left = sched.token_budget - num_reqs
+    if num_new > least_left:
+        num_new = least_left
+    if num_new <= 0:
+        return False  # the plan decides
+    return not kv.slots_fit(
+        request, num_new, num_hits, hit_blocks,
+        full_sequence_must_fit=sched.reserve_full_isl,
+        has_scheduled_reqs=True,
+        num_free_blocks=kv.get_num_free_blocks(),
+    )
 
 
 def _hits_survive_first_decodes(

@@ -18,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from engine.core import fast_forward
 from engine.core.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.core.engine_core import EngineCore, RunTiming
 from engine.core.hashing import PrecomputedBlockHasher, TokenBlockHasher
@@ -205,6 +206,41 @@ def test_every_kind_of_run_is_compared() -> None:
     assert seen["prefill"] >= 60 and seen["prefill completed"] >= 30
     assert seen["admission"] >= 30
     assert 0.2 * seen["runs"] <= seen["async"] <= 0.8 * seen["runs"]
+
+
+def test_admission_precheck_refuses_only_what_the_plan_refuses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """find_bulk_run skips setting a run up when ``_admission_cannot_fit`` says the head of
+    the waiting queue cannot fit; that must be a necessary condition of the plan: with the
+    precheck's verdict ignored, the full path (set-up, then the plan) finds no run either."""
+    verdicts: list[bool] = []
+    precheck = fast_forward._admission_cannot_fit
+
+    def spy(core: EngineCore, num_reqs: int) -> bool:
+        verdicts.append(precheck(core, num_reqs))
+        return False
+
+    monkeypatch.setattr(fast_forward, "_admission_cannot_fit", spy)
+    seen: Counter[str] = Counter()
+    for seed in range(400):
+        core, requests, rng = _build(seed)
+        pending = list(requests)
+        for step in range(400):
+            while pending and rng.random() < 0.4:
+                core.add_request(pending.pop(0), float(step))
+            if not pending and not core.has_work():
+                break
+            verdicts.clear()
+            run = core.find_bulk_run(TOKEN)
+            if verdicts:
+                seen["cannot fit" if verdicts[0] else "may fit"] += 1
+                if verdicts[0]:
+                    assert run is None, seed
+                elif run is not None:
+                    seen["admitted"] += run.admitted
+            _iterate(core, float(step))
+    assert seen["cannot fit"] >= 50 and seen["admitted"] >= 50, seen
 
 
 def test_fast_path_applies_on_a_plain_decode_batch() -> None:

@@ -35,6 +35,7 @@ PATCHING_TESTS = (
     "test_prefix_cache_stats_counted_once_for_retried_then_scheduled_request",
     "test_bulk_run_equals_step_by_step",
     "test_every_kind_of_run_is_compared",
+    "test_admission_precheck_refuses_only_what_the_plan_refuses",
     "test_simulator_drives_the_core_scheduler_step_for_step",
 )
 
