@@ -1,7 +1,7 @@
 # twinserve — the two commands of the README, plus helpers.
 #   make demo   sets up .venv (core + simulator + reports) and runs the embedded default simulation
 #   make test   sets up .venv (everything, incl. torch CPU + triton) and runs the test suite
-#   make fast   compiles the simulator's hot modules with mypyc (optional; 2.4-3.2x faster loop)
+#   make fast   compiles the simulator's hot modules with mypyc (optional; 2.4-5x faster loop)
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python

@@ -2,7 +2,7 @@
 
 The scheduler core and the simulator's engine loop are plain, fully typed Python. mypyc (part
 of mypy, in the ``fast`` extra) compiles them unchanged into C extensions placed next to the
-sources, where imports pick them up: same decisions, same records, a 2.4–3.2× faster
+sources, where imports pick them up: same decisions, same records, a 2.4–5× faster
 simulation loop (docs/simulator.md has the figures). It needs a C compiler and the Python
 headers. If a compiled module's source changes afterwards, ``engine.core.compiled`` runs the
 sources of the whole build instead (and says so), so an edit is never silently ignored;
@@ -190,7 +190,7 @@ def _run(args: argparse.Namespace) -> int:
 def register(sub: Any) -> None:
     p = sub.add_parser(
         "compile",
-        help="build the simulator's hot modules with mypyc (optional, 2.4-3.2x faster loop)",
+        help="build the simulator's hot modules with mypyc (optional, 2.4-5x faster loop)",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
