@@ -37,6 +37,7 @@ are not counted, so no preemption can occur).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
 
 from engine.core.outputs import AdmissionBlocker, BatchShape
@@ -307,12 +308,15 @@ def find_bulk_run(core: EngineCore, token_id: int) -> BulkRun | None:
     prefilling = _is_prefiller(last, pending_partial, is_async)
     num_waiting = len(sched.waiting)
     admits = False  # the run's first schedule() admits the head of the waiting queue
+    head_hits: tuple[Sequence[int], int] = ((), 0)  # its prefix hits (blocks, tokens)
     if num_waiting and num_reqs < sched.max_num_seqs:
         # does the next schedule() leave budget to try an admission?
         if not prefilling:
             if num_reqs < budget:
-                if _admission_cannot_fit(core, num_reqs):
+                hits = _admission_hits(core, num_reqs)
+                if hits is None:
                     return None  # the plan would refuse it: no need to set the run up
+                head_hits = hits
                 admits = True  # planned (or refused) once the decodes are known
         else:
             chunk = last.num_tokens - last.num_computed_tokens
@@ -337,7 +341,7 @@ def find_bulk_run(core: EngineCore, token_id: int) -> BulkRun | None:
     )
     if not _set_up_requests(run, core, token_id, pending_tokens, prefilling):
         return None
-    if admits and not _plan_admission(run, core, token_id):
+    if admits and not _plan_admission(run, core, token_id, head_hits):
         return None
     if run.num_waiting:
         # Admissions must stay blocked throughout: shapes are computed up to the first
@@ -356,9 +360,12 @@ def find_bulk_run(core: EngineCore, token_id: int) -> BulkRun | None:
     return run
 
 
-def _plan_admission(run: BulkRun, core: EngineCore, token_id: int) -> bool:
+def _plan_admission(
+    run: BulkRun, core: EngineCore, token_id: int, hits: tuple[Sequence[int], int]
+) -> bool:
     """Plan the admission the run's first schedule() makes, asking the KV cache read-only what
-    ``_schedule_waiting`` will find: the head of the waiting queue, a new request, is admitted
+    ``_schedule_waiting`` will find (``hits``: the head's prefix hits, looked up by
+    ``_admission_hits``): the head of the waiting queue, a new request, is admitted
     with a first chunk, and nothing after it is tried (the queue is then empty, or the budget
     or the seats are used up). False if it would go otherwise (the step-by-step path decides).
     The admitted request becomes the run's prefiller; ``fast_apply`` admits it with the
@@ -385,7 +392,7 @@ def _plan_admission(run: BulkRun, core: EngineCore, token_id: int) -> bool:
             num_decodes += 1
             if run.context_at_start[i] % bs == 0:
                 num_new_blocks += 1
-    hit_blocks, num_hits = kv.get_computed_blocks(request)
+    hit_blocks, num_hits = hits
     num_new = request.num_tokens - num_hits
     threshold = run.long_prefill_threshold if num_running + run.num_waiting > 1 else 0
     if 0 < threshold < num_new:
@@ -435,9 +442,10 @@ def _plan_admission(run: BulkRun, core: EngineCore, token_id: int) -> bool:
     return True
 
 
-def _admission_cannot_fit(core: EngineCore, num_reqs: int) -> bool:
-    """A necessary condition of ``_plan_admission``, checked before a run is set up (KV memory
-    often keeps the head of the queue waiting for many steps): True if the head cannot fit
+def _admission_hits(core: EngineCore, num_reqs: int) -> tuple[Sequence[int], int] | None:
+    """The prefix hits (blocks, tokens) of the head of the waiting queue, for
+    ``_plan_admission``; None if a necessary condition of the plan fails, checked before a run
+    is set up (KV memory often keeps the head waiting for many steps): the head cannot fit
     even with the most room the first schedule() could leave it — every free block still free
     (no decode takes one first) and the smallest first chunk (every running request decodes).
     ``slots_fit`` only gets harder with fewer free blocks or more tokens, so the plan, which
@@ -453,14 +461,14 @@ def _admission_cannot_fit(core: EngineCore, num_reqs: int) -> bool:
     least_left = sched.token_budget - num_reqs
     if num_new > least_left:
         num_new = least_left
-    if num_new <= 0:
-        return False  # the plan decides
-    return not kv.slots_fit(
+    if num_new > 0 and not kv.slots_fit(
         request, num_new, num_hits, hit_blocks,
         full_sequence_must_fit=sched.reserve_full_isl,
         has_scheduled_reqs=True,
         num_free_blocks=kv.get_num_free_blocks(),
-    )
+    ):
+        return None
+    return hit_blocks, num_hits  # (no new tokens: the plan refuses it itself)
 
 
 def _hits_survive_first_decodes(
@@ -527,7 +535,7 @@ def _set_up_requests(
         eos = req.eos_token_id
         if (
             req.num_stale_output_tokens
-            or len(req.block_ids) != -(-c // bs)
+            or len(req.block_ids) != _cdiv(c, bs)
             or (eos is not None and eos == token_id)
             or (req.stop_token_ids and token_id in req.stop_token_ids)
             or req.num_in_flight_tokens != (pending_tokens[req.req_id] if is_async else 0)

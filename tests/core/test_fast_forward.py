@@ -211,17 +211,18 @@ def test_every_kind_of_run_is_compared() -> None:
 def test_admission_precheck_refuses_only_what_the_plan_refuses(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """find_bulk_run skips setting a run up when ``_admission_cannot_fit`` says the head of
-    the waiting queue cannot fit; that must be a necessary condition of the plan: with the
+    """find_bulk_run skips setting a run up when ``_admission_hits`` says the head of the
+    waiting queue cannot fit; that must be a necessary condition of the plan: with the
     precheck's verdict ignored, the full path (set-up, then the plan) finds no run either."""
     verdicts: list[bool] = []
-    precheck = fast_forward._admission_cannot_fit
+    precheck = fast_forward._admission_hits
 
-    def spy(core: EngineCore, num_reqs: int) -> bool:
-        verdicts.append(precheck(core, num_reqs))
-        return False
+    def spy(core: EngineCore, num_reqs: int) -> tuple[object, int]:
+        verdicts.append(precheck(core, num_reqs) is None)
+        kv = core.scheduler.kv_cache_manager
+        return kv.get_computed_blocks(core.scheduler.waiting.peek_request())
 
-    monkeypatch.setattr(fast_forward, "_admission_cannot_fit", spy)
+    monkeypatch.setattr(fast_forward, "_admission_hits", spy)
     seen: Counter[str] = Counter()
     for seed in range(400):
         core, requests, rng = _build(seed)
