@@ -260,8 +260,7 @@ class EngineReplica:
                     finished = True
                 if finished:
                     # a freed client slot may send a request: stop at its delivery
-                    out = [j for j, n in enumerate(tokens) if n]
-                    planned = self.out.plan([updates[j] for j in out], [tokens[j] for j in out])
+                    planned = self.out.plan(updates, tokens)
                     horizon = min(horizon, planned[-1])
             k += 1
         if k < MIN_BULK_ITERATIONS:

@@ -77,18 +77,10 @@ class OutputProcessor:
         return self._free_at + cfg.network_latency_s
 
     def plan(self, update_times_s: list[float], num_tokens: list[int]) -> list[float]:
-        """Delivery times of consecutive steps (outputs of ``num_tokens[i]`` tokens applied at
-        ``update_times_s[i]``) without changing state (``deliver_steps`` makes them happen)."""
-        cfg = self.cfg
-        ipc, net = cfg.ipc_latency_s, cfg.network_latency_s
-        over, per_token = cfg.output_batch_overhead_s, cfg.detokenize_s_per_token
-        free = self._free_at
-        out = []
-        for t, n in zip(update_times_s, num_tokens, strict=True):
-            ready = t + ipc
-            free = (ready if ready > free else free) + (over + per_token * n)  # as process()
-            out.append(free + net)
-        return out
+        """Delivery times of the steps with outputs among consecutive steps (outputs of
+        ``num_tokens[j]`` tokens applied at ``update_times_s[j]``), without changing state
+        (``deliver_steps`` makes them happen)."""
+        return self._walk(0, update_times_s, num_tokens)[1]
 
     def deliver_steps(
         self, first_step_id: int, update_times_s: list[float], num_tokens: list[int]
@@ -96,6 +88,16 @@ class OutputProcessor:
         """``process`` for consecutive steps ``first_step_id, first_step_id + 1, …`` (outputs
         of ``num_tokens[j]`` tokens applied at ``update_times_s[j]``; steps without outputs
         send nothing): the ids of the steps that delivered and their delivery times."""
+        step_ids, delivered, self._free_at, self.busy_s = self._walk(
+            first_step_id, update_times_s, num_tokens
+        )
+        return step_ids, delivered
+
+    def _walk(
+        self, first_step_id: int, update_times_s: list[float], num_tokens: list[int]
+    ) -> tuple[list[int], list[float], float, float]:
+        """``process`` step by step from the current state, which is left unchanged: the steps
+        that delivered, their delivery times, and the state after them (free at, busy)."""
         cfg = self.cfg
         ipc, net = cfg.ipc_latency_s, cfg.network_latency_s
         over, per_token = cfg.output_batch_overhead_s, cfg.detokenize_s_per_token
@@ -113,6 +115,4 @@ class OutputProcessor:
             busy += cost
             step_ids.append(first_step_id + j)
             delivered.append(free + net)
-        self._free_at = free
-        self.busy_s = busy
-        return step_ids, delivered
+        return step_ids, delivered, free, busy
