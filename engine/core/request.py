@@ -211,17 +211,16 @@ class Request:
 
     def hash_full_blocks(self) -> None:
         """Extend ``block_hashes`` to every full block of the known tokens (if a block became
-        full since the last call)."""
+        full since the last call): the hasher returns the new hashes, the request keeps them."""
         hasher = self.block_hasher
-        # The two branches read alike, but compiled, the first one's calls are native (the
-        # simulator's hasher) and the second one's go through the protocol.
+        hashes = self.block_hashes
+        # The two branches read alike, but compiled, the first one's call is native (the
+        # simulator's hasher) and the second one's goes through the protocol.
         if isinstance(hasher, PrecomputedBlockHasher):
-            if self.num_tokens >= (len(self.block_hashes) + 1) * hasher.block_size:
-                hasher.extend(self)
-        elif hasher is not None and (
-            self.num_tokens >= (len(self.block_hashes) + 1) * hasher.block_size
-        ):
-            hasher.extend(self)
+            if self.num_tokens >= (len(hashes) + 1) * hasher.block_size:
+                hashes.extend(hasher.keys(len(hashes), self.num_tokens, self.num_prompt_tokens))
+        elif hasher is not None and self.num_tokens >= (len(hashes) + 1) * hasher.block_size:
+            hashes.extend(hasher.hash_new_blocks(self))
 
     # -- status ---------------------------------------------------------------------------------
     def is_finished(self) -> bool:
