@@ -40,6 +40,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
 
+from engine.core.chunking import admission_chunk, effective_long_prefill_threshold, running_chunk
 from engine.core.outputs import AdmissionBlocker, BatchShape
 from engine.core.request import Request, RequestStatus
 
@@ -89,7 +90,7 @@ class BulkRun:
         token_budget: int,
         max_num_seqs: int,
         max_model_len: int,
-        long_prefill_threshold: int,
+        long_prefill_token_threshold: int,
         is_async: bool,
     ) -> None:
         self.requests = requests
@@ -98,7 +99,7 @@ class BulkRun:
         self.token_budget = token_budget
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
-        self.long_prefill_threshold = long_prefill_threshold
+        self.long_prefill_token_threshold = long_prefill_token_threshold
         self.is_async = is_async
         n = len(requests)
         self.decode_start: list[int] = [0] * n
@@ -319,11 +320,16 @@ def find_bulk_run(core: EngineCore, token_id: int) -> BulkRun | None:
                 head_hits = hits
                 admits = True  # planned (or refused) once the decodes are known
         else:
-            chunk = last.num_tokens - last.num_computed_tokens
-            threshold = sched.long_prefill_token_threshold
-            if 0 < threshold < chunk:
-                chunk = threshold
-            if chunk < budget - (num_reqs - 1):
+            # the least the prefiller's chunk leaves to an admission: every decoder decodes
+            left = budget - (num_reqs - 1)
+            threshold = effective_long_prefill_threshold(
+                sched.long_prefill_token_threshold, num_reqs + num_waiting
+            )
+            chunk = running_chunk(
+                last.num_tokens - last.num_computed_tokens, threshold, left,
+                last.num_computed_tokens, sched.max_model_len,
+            )
+            if chunk < left:
                 return None
     if is_async:
         for j, req_id in enumerate(pending_tokens):  # the batch lists them in running order
@@ -336,7 +342,7 @@ def find_bulk_run(core: EngineCore, token_id: int) -> BulkRun | None:
         token_budget=budget,
         max_num_seqs=sched.max_num_seqs,
         max_model_len=sched.max_model_len,
-        long_prefill_threshold=sched.long_prefill_token_threshold,
+        long_prefill_token_threshold=sched.long_prefill_token_threshold,
         is_async=is_async,
     )
     if not _set_up_requests(run, core, token_id, pending_tokens, prefilling):
@@ -393,15 +399,13 @@ def _plan_admission(
             if run.context_at_start[i] % bs == 0:
                 num_new_blocks += 1
     hit_blocks, num_hits = hits
-    num_new = request.num_tokens - num_hits
-    threshold = run.long_prefill_threshold if num_running + run.num_waiting > 1 else 0
-    if 0 < threshold < num_new:
-        num_new = threshold
     left = run.token_budget - num_decodes
-    if num_new > left:
-        if not sched.enable_chunked_prefill:
-            return False
-        num_new = left
+    threshold = effective_long_prefill_threshold(
+        run.long_prefill_token_threshold, num_running + run.num_waiting
+    )
+    num_new = admission_chunk(
+        request.num_tokens - num_hits, threshold, left, sched.enable_chunked_prefill
+    )
     free = kv.get_num_free_blocks() - num_new_blocks
     if num_new <= 0 or not kv.slots_fit(
         request, num_new, num_hits, hit_blocks,
@@ -449,18 +453,18 @@ def _admission_hits(core: EngineCore, num_reqs: int) -> tuple[Sequence[int], int
     even with the most room the first schedule() could leave it — every free block still free
     (no decode takes one first) and the smallest first chunk (every running request decodes).
     ``slots_fit`` only gets harder with fewer free blocks or more tokens, so the plan, which
-    also needs these hits to stand, would be refused."""
+    also needs these hits to stand, would be refused. (The chunk is cut to the budget left as
+    with chunked prefill, whose absence only refuses more.)"""
     sched = core.scheduler
     kv = sched.kv_cache_manager
     request = sched.waiting.peek_request()
     hit_blocks, num_hits = kv.get_computed_blocks(request)
-    num_new = request.num_tokens - num_hits
-    threshold = sched.long_prefill_token_threshold  # applies: a request runs, another waits
-    if 0 < threshold < num_new:
-        num_new = threshold
-    least_left = sched.token_budget - num_reqs
-    if num_new > least_left:
-        num_new = least_left
+    threshold = effective_long_prefill_threshold(  # a request runs, another waits: in force
+        sched.long_prefill_token_threshold, num_reqs + len(sched.waiting)
+    )
+    num_new = admission_chunk(
+        request.num_tokens - num_hits, threshold, sched.token_budget - num_reqs, True
+    )
     if num_new > 0 and not kv.slots_fit(
         request, num_new, num_hits, hit_blocks,
         full_sequence_must_fit=sched.reserve_full_isl,
@@ -664,16 +668,12 @@ def _extend_shapes(run: BulkRun, upto: int) -> None:
 def _prefill_chunk(run: BulkRun, num_decodes: int) -> int:
     """Tokens ``_schedule_running`` gives the prefiller after ``num_decodes`` decodes."""
     c = run._x_context
-    num_new = run._x_num_tokens - c
-    threshold = run.long_prefill_threshold if run._running + run.num_waiting > 1 else 0
-    if 0 < threshold < num_new:
-        num_new = threshold
-    left = run.token_budget - num_decodes
-    if num_new > left:
-        num_new = left
-    if num_new > run.max_model_len - 1 - c:
-        num_new = run.max_model_len - 1 - c
-    return num_new
+    threshold = effective_long_prefill_threshold(
+        run.long_prefill_token_threshold, run._running + run.num_waiting
+    )
+    return running_chunk(
+        run._x_num_tokens - c, threshold, run.token_budget - num_decodes, c, run.max_model_len
+    )
 
 
 def _tokens_left(outputs_left: int, tokens_left: int) -> int:

@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Final
 
+from engine.core.chunking import admission_chunk, effective_long_prefill_threshold, running_chunk
 from engine.core.config import EngineConfig
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.outputs import (
@@ -153,16 +154,15 @@ class Scheduler:
         return self._finalize(plan)
 
     def _effective_long_prefill_threshold(self) -> int:
-        """The long-prefill cap applies only when more than one request is running or waiting."""
-        if len(self.running) + len(self.waiting) > 1:
-            return self.long_prefill_token_threshold
-        return 0
+        return effective_long_prefill_threshold(
+            self.long_prefill_token_threshold, len(self.running) + len(self.waiting)
+        )
 
     def _schedule_running(self, plan: StepPlan, threshold: int) -> None:
         """Phase A: give each RUNNING request its next tokens, preempting on KV shortage."""
         running = self.running
         kv = self.kv_cache_manager  # (methods called through it: a native call when compiled)
-        max_model_len_1 = self.max_model_len - 1
+        max_model_len = self.max_model_len
         num_scheduled = plan.num_scheduled_tokens
         new_block_ids = plan.new_block_ids
         scheduled_running = plan.scheduled_running
@@ -179,13 +179,10 @@ class Scheduler:
                 # Async: in-flight outputs already reach max_tokens; do not over-schedule.
                 req_index += 1
                 continue
-            num_new = request.num_tokens + placeholders - computed
-            if 0 < threshold < num_new:
-                num_new = threshold
-            if num_new > budget:
-                num_new = budget
-            if num_new > max_model_len_1 - computed:
-                num_new = max_model_len_1 - computed
+            num_new = running_chunk(
+                request.num_tokens + placeholders - computed, threshold, budget, computed,
+                max_model_len,
+            )
             if num_new <= 0:
                 req_index += 1
                 continue
@@ -246,14 +243,12 @@ class Scheduler:
                 skipped.appendleft(waiting.pop_request())
                 continue
             hit_blocks, num_hit_tokens = kv.get_computed_blocks(request)
-            num_new = request.num_tokens - num_hit_tokens
-            if 0 < threshold < num_new:
-                num_new = threshold
-            if num_new > budget:
-                if not self.enable_chunked_prefill:
-                    blocker = AdmissionBlocker.TOKEN_BUDGET
-                    break  # no smaller request behind it is tried
-                num_new = budget
+            num_new = admission_chunk(
+                request.num_tokens - num_hit_tokens, threshold, budget, self.enable_chunked_prefill
+            )
+            if num_new == 0:  # over the budget without chunked prefill
+                blocker = AdmissionBlocker.TOKEN_BUDGET
+                break  # no smaller request behind it is tried
             new_blocks = kv.allocate_slots(
                 request,
                 num_new,
