@@ -5,7 +5,9 @@ step-by-step iterations would. Per-request counters are independent across reque
 closed form; KV-block operations are not (they share the free queue), so they are collected per
 (iteration, phase) in the order the step-by-step scheduler performs them — running order within
 a phase, allocation before prefix registration within a request, registration before freeing —
-and applied in that order.
+and applied in that order. The scheduler's own state changes through its bulk-run transitions
+(``admit_waiting``, ``finish_length_capped``, ``end_bulk_run``); block tables through the KV
+cache manager.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import TYPE_CHECKING, Final
 
 from engine.core.fast_forward import BulkRun
 from engine.core.outputs import CachedRequestData, NewRequestData, SchedulerOutput
-from engine.core.request import Request, RequestStatus
+from engine.core.request import Request
 from engine.core.step_output import new_request_data
 
 if TYPE_CHECKING:
@@ -101,8 +103,7 @@ def apply_bulk_run(
     requests = run.requests
     num_reqs = len(requests)
     x = run.prefill_index
-    finished_before = sched.finished_req_ids  # shipped by the run's first schedule()
-    sched.finished_req_ids = set()
+    finished_before = sched.take_finished_req_ids()  # shipped by the run's first schedule()
     pending_sampled = 0
     if run.is_async:
         pending = core.oldest_in_flight()
@@ -129,9 +130,14 @@ def apply_bulk_run(
             _prefill_counters(run, i, req, k_total, token_start, token_count, token_id)
         if k_total > run.decode_start[i]:
             _decode_counters(run, i, req, k_total, token_start, token_count, token_id)
-        req.hash_full_blocks()
     free_after = _apply_events(sched, kv, requests, events, k_total, run.admitted)
-    _update_scheduler(sched, run, k_total)
+    finish = run.finish_iteration
+    sched.end_bulk_run(
+        k_total,
+        [r for i, r in enumerate(requests) if finish[i] < k_total],
+        {requests[i].req_id for i in run.finishing(k_total - 1)},
+        set(_scheduled_at(run, k_total - 1)),
+    )
     finish_counts = run.finish_counts(k_total)
     running_after = []
     n_running = num_reqs
@@ -183,15 +189,6 @@ def _admit(sched: Scheduler, run: BulkRun) -> NewRequestData:
     return new_request_data(request, plan.new_block_ids[request.req_id])
 
 
-def _append_tokens(req: Request, token_id: int, count: int) -> None:
-    tokens = [token_id] * count
-    req.output_token_ids.extend(tokens)
-    all_ids = req._all_token_ids
-    if all_ids is not None:
-        all_ids.extend(tokens)
-    req.num_tokens += count
-
-
 def _prefill_events(
     run: BulkRun, i: int, req: Request, k_total: int, kv: KVCacheManager, events: _Events
 ) -> int:
@@ -238,7 +235,7 @@ def _prefill_counters(
         req.num_in_flight_tokens = run.prefill_chunk[last]
         req.num_output_placeholders = 1 if final else 0
     elif final:  # synchronous: the final chunk's token arrives at its own update
-        _append_tokens(req, token_id, 1)
+        req.append_output_tokens(token_id, 1)
         token_start[i] = last
         token_count[i] = 1
 
@@ -295,7 +292,7 @@ def _decode_counters(
     scheduled = min(k_total, run.decode_end[i]) - start
     tokens = min(k_total, f + 1) - start
     if tokens > 0:
-        _append_tokens(req, token_id, tokens)
+        req.append_output_tokens(token_id, tokens)
         if not token_count[i]:
             token_start[i] = start
         token_count[i] += tokens
@@ -334,39 +331,18 @@ def _apply_bucket(
 ) -> None:
     if bucket is None:
         return
-    pool = kv.block_pool
     bs = kv.block_size
     p = 0
     while p < len(bucket):
         req = requests[bucket[p]]
         kind = bucket[p + 1]
         if kind == _ALLOC:
-            req.block_ids.extend(pool.get_new_blocks(bucket[p + 2]))
+            kv.append_blocks(req, bucket[p + 2])
         elif kind == _CACHE:
             kv.cache_blocks(req, bucket[p + 2] * bs)
         else:
-            _finish(sched, req)
+            sched.finish_length_capped(req)
         p += 3
-
-
-def _finish(sched: Scheduler, req: Request) -> None:
-    """The length stop: what ``update_from_output`` does when a request's last token lands."""
-    req.status = RequestStatus.FINISHED_LENGTH_CAPPED
-    sched.finished_req_ids.add(req.req_id)
-    sched.kv_cache_manager.free(req)
-    del sched.requests[req.req_id]
-
-
-def _update_scheduler(sched: Scheduler, run: BulkRun, k_total: int) -> None:
-    """Scheduler bookkeeping as after the run's last iteration."""
-    requests = run.requests
-    finish = run.finish_iteration
-    if any(f < k_total for f in finish):
-        gone = {id(r) for i, r in enumerate(requests) if finish[i] < k_total}
-        sched.running = [r for r in sched.running if id(r) not in gone]
-    sched.num_steps += k_total
-    sched.finished_req_ids = {requests[i].req_id for i in run.finishing(k_total - 1)}
-    sched.prev_step_scheduled_req_ids = set(_scheduled_at(run, k_total - 1))
 
 
 def _scheduled_at(run: BulkRun, k: int) -> list[str]:

@@ -180,6 +180,16 @@ class Request:
         self.num_tokens += 1
         self.hash_full_blocks()
 
+    def append_output_tokens(self, token_id: int, count: int) -> None:
+        """Append ``count`` copies of one token (a bulk run's outputs: ``engine/core/bulk``)
+        without stop checks, and hash the blocks they complete."""
+        tokens = [token_id] * count
+        self.output_token_ids.extend(tokens)
+        if self._all_token_ids is not None:
+            self._all_token_ids.extend(tokens)
+        self.num_tokens += count
+        self.hash_full_blocks()
+
     def append_sampled_token(self, token_id: int, max_model_len: int) -> bool:
         """Append one sampled token, then apply vLLM 0.33.0's ``check_stop`` to it.
 

@@ -40,6 +40,7 @@ from engine.core.step_output import (
 RUNNING: Final = RequestStatus.RUNNING
 WAITING: Final = RequestStatus.WAITING
 PREEMPTED: Final = RequestStatus.PREEMPTED
+FINISHED_LENGTH_CAPPED: Final = RequestStatus.FINISHED_LENGTH_CAPPED
 
 
 class Scheduler:
@@ -277,14 +278,6 @@ class Scheduler:
         plan.token_budget = budget
         plan.blocker = blocker
 
-    def admit_waiting(self, token_budget: int) -> StepPlan:
-        """``schedule()``'s admission phase alone, with ``token_budget`` tokens left by the
-        running requests (the bulk path runs a first schedule() whose running requests it
-        applies itself); returns its plan."""
-        plan = StepPlan(token_budget)
-        self._schedule_waiting(plan, self._effective_long_prefill_threshold())
-        return plan
-
     def _preempt_request(self, request: Request, drop_stale_output: bool = False) -> None:
         """Free the request's KV and put it back at the front of the waiting queue."""
         self.kv_cache_manager.free_preempted(request)
@@ -299,6 +292,46 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.prepend_request(request)
         self.preempted_req_ids.add(request.req_id)
+
+    # -- bulk runs (engine/core/bulk applies many iterations at once through these) -------------
+    def take_finished_req_ids(self) -> set[str]:
+        """The ids finished since the previous schedule(), which the next one ships to the
+        workers; cleared (a bulk run's first schedule() ships them)."""
+        finished = self.finished_req_ids
+        self.finished_req_ids = set()
+        return finished
+
+    def admit_waiting(self, token_budget: int) -> StepPlan:
+        """``schedule()``'s admission phase alone, with ``token_budget`` tokens left by the
+        running requests (a bulk run's first schedule(), whose running requests the bulk path
+        applies itself); returns its plan."""
+        plan = StepPlan(token_budget)
+        self._schedule_waiting(plan, self._effective_long_prefill_threshold())
+        return plan
+
+    def finish_length_capped(self, request: Request) -> None:
+        """A bulk run applied ``request``'s last token (its length limit): finish and free it
+        as ``update_from_output`` does; it leaves RUNNING in ``end_bulk_run``."""
+        request.status = FINISHED_LENGTH_CAPPED
+        self._free_request(request)
+
+    def end_bulk_run(
+        self,
+        num_steps: int,
+        stopped: Iterable[Request],
+        finished_req_ids: set[str],
+        scheduled_req_ids: set[str],
+    ) -> None:
+        """The bookkeeping of ``num_steps`` schedule() calls applied in bulk: the ``stopped``
+        requests (finished during the run) leave RUNNING; ``finished_req_ids`` are the ones the
+        run's last update finished (the next schedule() ships them), ``scheduled_req_ids`` the
+        ones its last schedule() scheduled."""
+        gone = {id(r) for r in stopped}
+        if gone:
+            self.running = [r for r in self.running if id(r) not in gone]
+        self.num_steps += num_steps
+        self.finished_req_ids = finished_req_ids
+        self.prev_step_scheduled_req_ids = scheduled_req_ids
 
     # -- the output of schedule() ---------------------------------------------------------------
     def _finalize(self, plan: StepPlan) -> SchedulerOutput:
