@@ -8,7 +8,7 @@ step N's output is applied); ``finish_step(out, runner_out, now)`` applies it.
 
 The core never reads a clock: every method takes ``now``. It writes the request events of
 ARCHITECTURE.md §4 that happen inside the engine (enqueued, scheduled, preempted, tokens,
-finished) and one ``StepRecord`` per applied step.
+finished) and one step record per applied step.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from engine.core.config import EngineConfig
-from engine.core.events import EventKind, EventLog
+from engine.core.events import EventKind, EventLog, StepColumns, StepRecord
 from engine.core.fast_apply import AppliedRun, apply_bulk_run
 from engine.core.fast_forward import BulkRun, find_bulk_run
 from engine.core.outputs import (
@@ -219,11 +219,11 @@ class EngineCore:
             self._record_finish(requests[run.finish_order[pos]].req_id, "length", updates[f])
         usable = self.scheduler.kv_cache_manager.block_pool.num_gpu_blocks - 1
         # Under async scheduling the first applied step is the batch that was in flight: its
-        # own row. The iterations' schedules are the rest.
+        # own record. The iterations' schedules are the rest.
         skip = 0
         if previous is not None:
             skip = 1
-            log.record_step_row(_step_row(
+            log.record_step(_step_record(
                 previous.sched_out,
                 previous.schedule_time_s,
                 timing.execute_start_s[0],
@@ -252,29 +252,29 @@ class EngineCore:
             blockers = [str(b) for b in run.blockers[:m]]
         else:
             blockers = [str(AdmissionBlocker.NONE)] * m
-        log.record_step_columns((  # STEP_COLUMNS order, as _step_row builds it
-            list(range(first_step + skip, first_step + k_total)),
-            timing.schedule_time_s[:m],
-            timing.execute_start_s[skip:],
-            timing.execute_end_s[skip:],
-            updates[skip:],
-            num_reqs,
-            num_tokens,
-            prefill_reqs,
-            prefill_tokens,
-            num_decodes,
-            context_sum,
-            applied.sampled_per_step[skip:],
-            new_reqs,
-            zeros,
-            zeros,
-            applied.finished_per_step[skip:],
-            applied.num_running_after[skip:],
-            [run.num_waiting] * m,
-            [1.0 - free / usable for free in applied.free_blocks_after[skip:]],
-            blockers,
-            timing.cost_s[skip:],
-            [self.replica] * m,
+        log.record_steps(StepColumns(
+            step_id=list(range(first_step + skip, first_step + k_total)),
+            schedule_time_s=timing.schedule_time_s[:m],
+            execute_start_s=timing.execute_start_s[skip:],
+            execute_end_s=timing.execute_end_s[skip:],
+            update_time_s=updates[skip:],
+            num_reqs=num_reqs,
+            num_tokens=num_tokens,
+            num_prefill_reqs=prefill_reqs,
+            num_prefill_tokens=prefill_tokens,
+            num_decode_reqs=num_decodes,
+            decode_context_sum=context_sum,
+            num_sampled_tokens=applied.sampled_per_step[skip:],
+            num_new_reqs=new_reqs,
+            num_resumed_reqs=zeros,
+            num_preempted_reqs=zeros,
+            num_finished_reqs=applied.finished_per_step[skip:],
+            num_running=applied.num_running_after[skip:],
+            num_waiting=[run.num_waiting] * m,
+            kv_usage=[1.0 - free / usable for free in applied.free_blocks_after[skip:]],
+            admission_blocker=blockers,
+            cost_s=timing.cost_s[skip:],
+            replica=[self.replica] * m,
         ))
 
     # -- events ---------------------------------------------------------------------------------
@@ -325,7 +325,7 @@ class EngineCore:
             num_sampled += len(o.new_token_ids)
             if o.finish_reason is not None:
                 num_finished += 1
-        self.event_log.record_step_row(_step_row(
+        self.event_log.record_step(_step_record(
             out,
             flight.schedule_time_s,
             flight.schedule_time_s if execute_start_s is None else execute_start_s,
@@ -341,7 +341,7 @@ class EngineCore:
         ))
 
 
-def _step_row(
+def _step_record(
     out: SchedulerOutput,
     schedule_time_s: float,
     execute_start_s: float,
@@ -354,31 +354,31 @@ def _step_row(
     kv_usage: float,
     cost_s: float,
     replica: int,
-) -> tuple[object, ...]:
-    """One applied step as a row in ``STEP_COLUMNS`` order (see ``StepRecord`` for each field):
-    the batch's own columns from ``out``, the rest as the caller observed them."""
+) -> StepRecord:
+    """One applied step: the batch's own fields from ``out``, the rest as the caller observed
+    them."""
     shape = out.batch_shape
-    return (
-        out.step_id,
-        schedule_time_s,
-        execute_start_s,
-        execute_end_s,
-        update_time_s,
-        shape.num_reqs,
-        shape.num_tokens,
-        len(shape.prefill_query_lens),
-        shape.num_tokens - shape.num_decode_reqs,
-        shape.num_decode_reqs,
-        shape.decode_context_sum,
-        num_sampled,
-        len(out.scheduled_new_reqs),
-        len(out.scheduled_cached_reqs.resumed_req_ids),
-        len(out.preempted_req_ids),
-        num_finished,
-        num_running,
-        num_waiting,
-        kv_usage,
-        str(out.admission_blocker),
-        cost_s,
-        replica,
+    return StepRecord(
+        step_id=out.step_id,
+        schedule_time_s=schedule_time_s,
+        execute_start_s=execute_start_s,
+        execute_end_s=execute_end_s,
+        update_time_s=update_time_s,
+        num_reqs=shape.num_reqs,
+        num_tokens=shape.num_tokens,
+        num_prefill_reqs=len(shape.prefill_query_lens),
+        num_prefill_tokens=shape.num_tokens - shape.num_decode_reqs,
+        num_decode_reqs=shape.num_decode_reqs,
+        decode_context_sum=shape.decode_context_sum,
+        num_sampled_tokens=num_sampled,
+        num_new_reqs=len(out.scheduled_new_reqs),
+        num_resumed_reqs=len(out.scheduled_cached_reqs.resumed_req_ids),
+        num_preempted_reqs=len(out.preempted_req_ids),
+        num_finished_reqs=num_finished,
+        num_running=num_running,
+        num_waiting=num_waiting,
+        kv_usage=kv_usage,
+        admission_blocker=str(out.admission_blocker),
+        cost_s=cost_s,
+        replica=replica,
     )

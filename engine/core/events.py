@@ -22,7 +22,7 @@ from __future__ import annotations
 import enum
 import struct
 from array import array
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Final
 
@@ -80,11 +80,216 @@ class StepRecord:
     cost_s: float  # the step time the executor reported (simulated or measured)
     replica: int  # data-parallel rank of the engine that ran the step
 
+    # Written-out __init__s: compiled by mypyc (see engine/core/outputs.py's docstring).
+    def __init__(
+        self,
+        step_id: int,
+        schedule_time_s: float,
+        execute_start_s: float,
+        execute_end_s: float,
+        update_time_s: float,
+        num_reqs: int,
+        num_tokens: int,
+        num_prefill_reqs: int,
+        num_prefill_tokens: int,
+        num_decode_reqs: int,
+        decode_context_sum: int,
+        num_sampled_tokens: int,
+        num_new_reqs: int,
+        num_resumed_reqs: int,
+        num_preempted_reqs: int,
+        num_finished_reqs: int,
+        num_running: int,
+        num_waiting: int,
+        kv_usage: float,
+        admission_blocker: str,
+        cost_s: float,
+        replica: int,
+    ) -> None:
+        object.__setattr__(self, "step_id", step_id)
+        object.__setattr__(self, "schedule_time_s", schedule_time_s)
+        object.__setattr__(self, "execute_start_s", execute_start_s)
+        object.__setattr__(self, "execute_end_s", execute_end_s)
+        object.__setattr__(self, "update_time_s", update_time_s)
+        object.__setattr__(self, "num_reqs", num_reqs)
+        object.__setattr__(self, "num_tokens", num_tokens)
+        object.__setattr__(self, "num_prefill_reqs", num_prefill_reqs)
+        object.__setattr__(self, "num_prefill_tokens", num_prefill_tokens)
+        object.__setattr__(self, "num_decode_reqs", num_decode_reqs)
+        object.__setattr__(self, "decode_context_sum", decode_context_sum)
+        object.__setattr__(self, "num_sampled_tokens", num_sampled_tokens)
+        object.__setattr__(self, "num_new_reqs", num_new_reqs)
+        object.__setattr__(self, "num_resumed_reqs", num_resumed_reqs)
+        object.__setattr__(self, "num_preempted_reqs", num_preempted_reqs)
+        object.__setattr__(self, "num_finished_reqs", num_finished_reqs)
+        object.__setattr__(self, "num_running", num_running)
+        object.__setattr__(self, "num_waiting", num_waiting)
+        object.__setattr__(self, "kv_usage", kv_usage)
+        object.__setattr__(self, "admission_blocker", admission_blocker)
+        object.__setattr__(self, "cost_s", cost_s)
+        object.__setattr__(self, "replica", replica)
+
+    def values(self) -> tuple[object, ...]:
+        """The fields in ``STEP_COLUMNS`` order."""
+        return (
+            self.step_id,
+            self.schedule_time_s,
+            self.execute_start_s,
+            self.execute_end_s,
+            self.update_time_s,
+            self.num_reqs,
+            self.num_tokens,
+            self.num_prefill_reqs,
+            self.num_prefill_tokens,
+            self.num_decode_reqs,
+            self.decode_context_sum,
+            self.num_sampled_tokens,
+            self.num_new_reqs,
+            self.num_resumed_reqs,
+            self.num_preempted_reqs,
+            self.num_finished_reqs,
+            self.num_running,
+            self.num_waiting,
+            self.kv_usage,
+            self.admission_blocker,
+            self.cost_s,
+            self.replica,
+        )
+
+@dataclass(frozen=True, slots=True)
+class StepColumns:
+    """Several engine steps as columns: one equal-length list per ``StepRecord`` field (what
+    the bulk path records for a run of iterations, and what a saved log is loaded from)."""
+
+    step_id: list[int]
+    schedule_time_s: list[float]
+    execute_start_s: list[float]
+    execute_end_s: list[float]
+    update_time_s: list[float]
+    num_reqs: list[int]
+    num_tokens: list[int]
+    num_prefill_reqs: list[int]
+    num_prefill_tokens: list[int]
+    num_decode_reqs: list[int]
+    decode_context_sum: list[int]
+    num_sampled_tokens: list[int]
+    num_new_reqs: list[int]
+    num_resumed_reqs: list[int]
+    num_preempted_reqs: list[int]
+    num_finished_reqs: list[int]
+    num_running: list[int]
+    num_waiting: list[int]
+    kv_usage: list[float]
+    admission_blocker: list[str]
+    cost_s: list[float]
+    replica: list[int]
+
+    def __init__(
+        self,
+        step_id: list[int],
+        schedule_time_s: list[float],
+        execute_start_s: list[float],
+        execute_end_s: list[float],
+        update_time_s: list[float],
+        num_reqs: list[int],
+        num_tokens: list[int],
+        num_prefill_reqs: list[int],
+        num_prefill_tokens: list[int],
+        num_decode_reqs: list[int],
+        decode_context_sum: list[int],
+        num_sampled_tokens: list[int],
+        num_new_reqs: list[int],
+        num_resumed_reqs: list[int],
+        num_preempted_reqs: list[int],
+        num_finished_reqs: list[int],
+        num_running: list[int],
+        num_waiting: list[int],
+        kv_usage: list[float],
+        admission_blocker: list[str],
+        cost_s: list[float],
+        replica: list[int],
+    ) -> None:
+        object.__setattr__(self, "step_id", step_id)
+        object.__setattr__(self, "schedule_time_s", schedule_time_s)
+        object.__setattr__(self, "execute_start_s", execute_start_s)
+        object.__setattr__(self, "execute_end_s", execute_end_s)
+        object.__setattr__(self, "update_time_s", update_time_s)
+        object.__setattr__(self, "num_reqs", num_reqs)
+        object.__setattr__(self, "num_tokens", num_tokens)
+        object.__setattr__(self, "num_prefill_reqs", num_prefill_reqs)
+        object.__setattr__(self, "num_prefill_tokens", num_prefill_tokens)
+        object.__setattr__(self, "num_decode_reqs", num_decode_reqs)
+        object.__setattr__(self, "decode_context_sum", decode_context_sum)
+        object.__setattr__(self, "num_sampled_tokens", num_sampled_tokens)
+        object.__setattr__(self, "num_new_reqs", num_new_reqs)
+        object.__setattr__(self, "num_resumed_reqs", num_resumed_reqs)
+        object.__setattr__(self, "num_preempted_reqs", num_preempted_reqs)
+        object.__setattr__(self, "num_finished_reqs", num_finished_reqs)
+        object.__setattr__(self, "num_running", num_running)
+        object.__setattr__(self, "num_waiting", num_waiting)
+        object.__setattr__(self, "kv_usage", kv_usage)
+        object.__setattr__(self, "admission_blocker", admission_blocker)
+        object.__setattr__(self, "cost_s", cost_s)
+        object.__setattr__(self, "replica", replica)
+
+    def lists(self) -> tuple[list[Any], ...]:
+        """The columns in ``STEP_COLUMNS`` order."""
+        return (
+            self.step_id,
+            self.schedule_time_s,
+            self.execute_start_s,
+            self.execute_end_s,
+            self.update_time_s,
+            self.num_reqs,
+            self.num_tokens,
+            self.num_prefill_reqs,
+            self.num_prefill_tokens,
+            self.num_decode_reqs,
+            self.decode_context_sum,
+            self.num_sampled_tokens,
+            self.num_new_reqs,
+            self.num_resumed_reqs,
+            self.num_preempted_reqs,
+            self.num_finished_reqs,
+            self.num_running,
+            self.num_waiting,
+            self.kv_usage,
+            self.admission_blocker,
+            self.cost_s,
+            self.replica,
+        )
+
+    @staticmethod
+    def from_mapping(columns: Mapping[str, Sequence[object]]) -> StepColumns:
+        """Named columns from outside the engine (a saved log, a DataFrame), checked now: every
+        ``StepRecord`` field once with equal lengths (else ``ValueError``), every value of its
+        column's type (else ``TypeError`` naming the column), so a bad file is refused before
+        anything is recorded."""
+        lengths = {len(v) for v in columns.values()}
+        if set(columns) != set(STEP_COLUMNS) or len(lengths) > 1:
+            raise ValueError(
+                f"step columns need {len(STEP_COLUMNS)} columns, one equal-length list per "
+                "StepRecord field"
+            )
+        lists: list[Any] = [list(columns[name]) for name in STEP_COLUMNS]
+        for name, values in zip(STEP_COLUMNS, lists, strict=True):
+            _typed_block(name, values)
+        return StepColumns(*lists)
+
 
 STEP_COLUMNS: Final[tuple[str, ...]] = tuple(f.name for f in fields(StepRecord))
-_INT_STEP_COLUMNS = frozenset(
-    f.name for f in fields(StepRecord) if f.type in ("int", int)
-)
+
+#: Storage of each step column: an ``array`` typecode ("q" int64, "i" int32, "d" float64), or
+#: "" for the one string column (a list).
+_STEP_TYPECODES: Final[dict[str, str]] = {
+    f.name: (
+        "" if f.type in ("str", str)
+        else "q" if f.name in ("step_id", "decode_context_sum")
+        else "i" if f.type in ("int", int)
+        else "d"
+    )
+    for f in fields(StepRecord)
+}
 
 
 #: Steps buffered (as Python objects) before they are converted into the typed columns
@@ -92,10 +297,16 @@ _INT_STEP_COLUMNS = frozenset(
 STEP_ROWS_BUFFERED: Final = 16384
 
 
-def _typed_block(name: str, typecode: str, values: list[object]) -> Any:
-    """``values`` as an ``array(typecode)``: packed by ``struct`` (about twice as fast per
-    value as ``array.fromlist``), with the same type rules — ints for integer columns, ints or
-    floats for float columns, nothing that does not fit."""
+def _typed_block(name: str, values: list[object]) -> Any:
+    """Column ``name``'s ``values`` converted to its storage: an ``array`` packed by ``struct``
+    (about twice as fast per value as ``array.fromlist``), with the same type rules — ints for
+    integer columns, ints or floats for float columns, nothing that does not fit — or the list
+    itself for the string column. A value that does not fit raises ``TypeError`` naming it."""
+    typecode = _STEP_TYPECODES[name]
+    if not typecode:
+        if not all(isinstance(v, str) for v in values):
+            raise TypeError(f"step column {name!r} takes strings")
+        return values
     block: Any = array(typecode)
     try:
         block.frombytes(struct.pack(f"{len(values)}{typecode}", *values))
@@ -129,16 +340,10 @@ class EventLog:
         self._open_runs: dict[int, list[int]] = {}  # req index -> [first_step, count]
         # steps
         self._steps: dict[str, array[int] | array[float] | list[str]] = {
-            name: (
-                [] if name == "admission_blocker"
-                else array("q") if name in ("step_id", "decode_context_sum")
-                else array("i") if name in _INT_STEP_COLUMNS or name == "replica"
-                else array("d")
-            )
-            for name in STEP_COLUMNS
+            name: array(code) if code else [] for name, code in _STEP_TYPECODES.items()
         }
-        # steps not yet in the typed columns: rows, and column buffers (bulk runs) before them
-        self._step_rows: list[tuple[object, ...]] = []
+        # steps not yet in the typed columns: single records, and column buffers before them
+        self._step_records: list[StepRecord] = []
         self._step_buf: list[list[object]] = [[] for _ in STEP_COLUMNS]
         self._num_buffered = 0  # steps in the column buffers
         # step deliveries as two parallel typed arrays (a dict would cost ~100 bytes a step)
@@ -198,71 +403,48 @@ class EventLog:
                 self._close_run(idx, run)
 
     def record_step(self, step: StepRecord) -> None:
-        self.record_step_row(tuple(getattr(step, name) for name in STEP_COLUMNS))
+        """One engine step. Its values are converted, and their types checked, when the
+        buffered steps join the typed columns (``steps_columns``, or every
+        ``STEP_ROWS_BUFFERED`` steps): a value that does not fit then raises ``TypeError``
+        naming its column, and no buffered step joins."""
+        self._step_records.append(step)
+        if len(self._step_records) + self._num_buffered >= STEP_ROWS_BUFFERED:
+            self._flush_steps()
 
-    def record_step_row(self, row: tuple[object, ...]) -> None:
-        """One step as a tuple in ``STEP_COLUMNS`` order (the engine's cheap path: values are
-        converted, and their types checked, when the buffered steps join the typed columns)."""
-        self._step_rows.append(row)
-        if len(self._step_rows) + self._num_buffered >= STEP_ROWS_BUFFERED:
-            self._flush_step_rows()
-
-    def record_step_rows(self, rows: Iterable[tuple[object, ...]]) -> None:
-        """Several ``record_step_row`` rows at once."""
-        self._step_rows.extend(rows)
-        if len(self._step_rows) + self._num_buffered >= STEP_ROWS_BUFFERED:
-            self._flush_step_rows()
-
-    def record_step_columns(self, columns: Sequence[Sequence[object]]) -> None:
-        """Several steps at once, one equal-length list per ``StepRecord`` field in
-        ``STEP_COLUMNS`` order (the bulk path's records: no rows are built). Like rows, the
-        values are converted and type-checked when the buffered steps join the typed
-        columns; ``record_steps`` checks at once."""
-        num_columns = len(STEP_COLUMNS)
-        if len(columns) != num_columns:
-            raise ValueError(f"record_step_columns needs {num_columns} columns")
-        n = len(columns[0])
-        for j in range(num_columns):
-            if len(columns[j]) != n:
-                raise ValueError("record_step_columns needs equal-length columns")
-        self._rows_to_buffer()
+    def record_steps(self, steps: StepColumns) -> None:
+        """Several engine steps at once (``StepColumns.from_mapping`` checks columns from
+        outside first). Unequal columns raise ``ValueError`` at once; values are checked as
+        ``record_step``'s are, when the steps join the typed columns."""
+        lists = steps.lists()
+        n = len(lists[0])
+        for column in lists:
+            if len(column) != n:
+                raise ValueError("record_steps needs equal-length columns")
+        self._records_to_buffer()
         buf = self._step_buf
-        for j in range(num_columns):
-            buf[j].extend(columns[j])
+        for j in range(len(lists)):
+            buf[j].extend(lists[j])
         self._num_buffered += n
         if self._num_buffered >= STEP_ROWS_BUFFERED:
-            self._flush_step_rows()
+            self._flush_steps()
 
-    def record_steps(self, columns: Mapping[str, Sequence[object]]) -> None:
-        """Append several steps at once: one equal-length sequence per ``StepRecord`` field.
-
-        Every column is converted to its type first: a value that does not fit raises
-        ``TypeError`` naming the column, and nothing is recorded.
-        """
-        lengths = {len(v) for v in columns.values()}
-        if set(columns) != set(STEP_COLUMNS) or len(lengths) != 1:
-            raise ValueError("record_steps needs one equal-length list per StepRecord field")
-        self._flush_step_rows()
-        self._append_columns([list(columns[name]) for name in STEP_COLUMNS])
-
-    def _rows_to_buffer(self) -> None:
-        """Move the buffered rows into the column buffers."""
-        rows = self._step_rows
-        if not rows:
+    def _records_to_buffer(self) -> None:
+        """Move the buffered records into the column buffers (in ``STEP_COLUMNS`` order)."""
+        records = self._step_records
+        if not records:
             return
         buf = self._step_buf
-        num_columns = len(STEP_COLUMNS)
-        for row in rows:
-            if len(row) != num_columns:
-                raise ValueError(f"a step row has {num_columns} fields, got {len(row)}")
+        num_columns = len(buf)
+        for record in records:
+            values = record.values()
             for j in range(num_columns):
-                buf[j].append(row[j])
-        self._num_buffered += len(rows)
-        self._step_rows = []
+                buf[j].append(values[j])
+        self._num_buffered += len(records)
+        self._step_records = []
 
-    def _flush_step_rows(self) -> None:
+    def _flush_steps(self) -> None:
         """Convert every buffered step into the typed columns (all of them, or none)."""
-        self._rows_to_buffer()
+        self._records_to_buffer()
         if not self._num_buffered:
             return
         self._append_columns(self._step_buf)
@@ -270,17 +452,11 @@ class EventLog:
         self._num_buffered = 0
 
     def _append_columns(self, columns: list[list[object]]) -> None:
-        """Convert each column (``STEP_COLUMNS`` order) to its typed array, then append them
-        all (or nothing: a value that does not fit raises ``TypeError`` naming its column)."""
-        converted: list[Any] = []
-        for name, values in zip(STEP_COLUMNS, columns, strict=True):
-            col: Any = self._steps[name]
-            if type(col) is list:
-                if not all(isinstance(v, str) for v in values):
-                    raise TypeError(f"step column {name!r} takes strings")
-                converted.append(values)
-                continue
-            converted.append(_typed_block(name, col.typecode, values))
+        """Convert each column (``STEP_COLUMNS`` order) to its storage, then append them all
+        (or nothing: a value that does not fit raises ``TypeError`` naming its column)."""
+        converted = [
+            _typed_block(name, values) for name, values in zip(STEP_COLUMNS, columns, strict=True)
+        ]
         for name, block in zip(STEP_COLUMNS, converted, strict=True):
             self._steps[name].extend(block)
 
@@ -302,7 +478,7 @@ class EventLog:
         follow. Call once, after the run."""
         import numpy as np
 
-        self._flush_step_rows()
+        self._flush_steps()
         ids = np.asarray(self._steps["step_id"], dtype=np.int64)
         if ids.size == 0:
             return
@@ -333,7 +509,7 @@ class EventLog:
     # -- reading --------------------------------------------------------------------------------
     @property
     def num_steps(self) -> int:
-        return len(self._steps["step_id"]) + self._num_buffered + len(self._step_rows)
+        return len(self._steps["step_id"]) + self._num_buffered + len(self._step_records)
 
     def events_columns(self) -> dict[str, object]:
         """Stage events as columns: req_index, kind, time_s, payload."""
@@ -359,7 +535,7 @@ class EventLog:
         return {"req_index": req, "first_step": first, "num_tokens": count}
 
     def steps_columns(self) -> dict[str, object]:
-        self._flush_step_rows()
+        self._flush_steps()
         return dict(self._steps)
 
     def delivered_times(self) -> dict[int, float]:
@@ -393,7 +569,7 @@ class EventLog:
             )
         ]
         if expand_tokens:
-            self._flush_step_rows()
+            self._flush_steps()
             step_ids = self._steps["step_id"]
             update_times = self._steps["update_time_s"]
             time_of = dict(zip(step_ids, update_times, strict=True))

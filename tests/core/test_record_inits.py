@@ -17,6 +17,7 @@ import pytest
 
 from engine.core.compiled import loaded_compiled_modules
 from engine.core.engine_core import RunTiming, _InFlight
+from engine.core.events import StepColumns, StepRecord
 from engine.core.fast_apply import AppliedRun
 from engine.core.interfaces import StepTime
 from engine.core.outputs import (
@@ -35,7 +36,7 @@ if loaded_compiled_modules():  # the imports above came from a compiled build
 RECORDS = [
     BatchShape, NewRequestData, CachedRequestData, SchedulerOutput, ModelRunnerOutput,
     EngineCoreOutput, AppliedRun, RunTiming, _InFlight,
-    FrontendTimes, StepTime,
+    FrontendTimes, StepTime, StepRecord, StepColumns,
 ]
 
 
