@@ -42,10 +42,14 @@ ROOT = Path(__file__).resolve().parents[1]
 #: The modules compiled, relative to the repository root: everything a simulated step runs.
 HOT_MODULES: tuple[str, ...] = (
     "engine/core/block_pool.py",
+    "engine/core/bulk/apply.py",
+    "engine/core/bulk/find.py",
+    "engine/core/bulk/records.py",
+    "engine/core/bulk/run.py",
+    "engine/core/bulk/shapes.py",
+    "engine/core/chunking.py",
     "engine/core/engine_core.py",
     "engine/core/events.py",
-    "engine/core/fast_apply.py",
-    "engine/core/fast_forward.py",
     "engine/core/hashing.py",
     "engine/core/interfaces.py",
     "engine/core/kv_cache_manager.py",

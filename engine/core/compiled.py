@@ -31,7 +31,7 @@ from importlib.machinery import EXTENSION_SUFFIXES
 from types import ModuleType
 
 #: Packages (relative to the tree's root) that may hold compiled modules.
-PACKAGES: tuple[str, ...] = ("engine/core", "sim", "sim/cost")
+PACKAGES: tuple[str, ...] = ("engine/core", "engine/core/bulk", "sim", "sim/cost")
 
 #: The build's manifest, in ``engine/core``: {module name: sha256 of its source}.
 MANIFEST_NAME = "_compiled.json"

@@ -8,7 +8,7 @@ step N's output is applied); ``finish_step(out, runner_out, now)`` applies it.
 
 The core never reads a clock: every method takes ``now``. It writes the request events of
 ARCHITECTURE.md §4 that happen inside the engine (enqueued, scheduled, preempted, tokens,
-finished) and one step record per applied step.
+finished) and one ``StepRecord`` per applied step.
 """
 
 from __future__ import annotations
@@ -17,49 +17,15 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from engine.core.bulk.apply import apply_bulk_run
+from engine.core.bulk.find import find_bulk_run
+from engine.core.bulk.records import AppliedRun, RunTiming, run_step_columns
+from engine.core.bulk.run import BulkRun
 from engine.core.config import EngineConfig
-from engine.core.events import EventKind, EventLog, StepColumns, StepRecord
-from engine.core.fast_apply import AppliedRun, apply_bulk_run
-from engine.core.fast_forward import BulkRun, find_bulk_run
-from engine.core.outputs import (
-    AdmissionBlocker,
-    EngineCoreOutput,
-    ModelRunnerOutput,
-    SchedulerOutput,
-)
+from engine.core.events import EventKind, EventLog, StepRecord
+from engine.core.outputs import EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
 from engine.core.request import Request, RequestStatus
 from engine.core.scheduler import Scheduler
-
-
-@dataclass(frozen=True, slots=True)
-class RunTiming:
-    """Times of a bulk-applied uniform decode run, from the driver's timeline (seconds).
-
-    ``schedule_time_s[k]`` is when iteration k called schedule(); the other lists describe the
-    steps whose outputs the iterations applied, in order (under async scheduling the first of
-    them is the batch that was already in flight).
-    """
-
-    schedule_time_s: list[float]
-    execute_start_s: list[float]
-    execute_end_s: list[float]
-    update_time_s: list[float]
-    cost_s: list[float]
-
-    # Written-out __init__s: compiled by mypyc (see engine/core/outputs.py's docstring).
-    def __init__(
-        self,
-        schedule_time_s: list[float],
-        execute_start_s: list[float],
-        execute_end_s: list[float],
-        update_time_s: list[float],
-        cost_s: list[float],
-    ) -> None:
-        object.__setattr__(self, "schedule_time_s", schedule_time_s)
-        object.__setattr__(self, "execute_start_s", execute_start_s)
-        object.__setattr__(self, "execute_end_s", execute_end_s)
-        object.__setattr__(self, "update_time_s", update_time_s)
-        object.__setattr__(self, "cost_s", cost_s)
 
 
 @dataclass(slots=True)
@@ -162,21 +128,23 @@ class EngineCore:
 
     # -- bulk runs ------------------------------------------------------------------------------
     def find_bulk_run(self, token_id: int) -> BulkRun | None:
-        """Before ``begin_step``: the iterations that could be bulk-applied from here."""
-        return find_bulk_run(self, token_id)
+        """Before ``begin_step``: the iterations that could be bulk-applied from here (see
+        ``engine/core/bulk``). A run starts from a full batch queue under async scheduling (one
+        batch in flight) and from an empty one otherwise."""
+        in_flight = self._in_flight
+        if len(in_flight) != self.batch_queue_size - 1:
+            return None
+        pending = in_flight[0].sched_out if in_flight else None
+        return find_bulk_run(self.scheduler, pending, token_id)
 
     def apply_bulk_run(
         self, run: BulkRun, num_iterations: int, token_id: int, timing: RunTiming
     ) -> AppliedRun:
         """Apply ``num_iterations`` iterations of ``run`` exactly as step-by-step execution
         would, with every sampling request sampling ``token_id``; records tokens and steps."""
-        if any(len(v) != num_iterations for v in (
-            timing.schedule_time_s, timing.execute_start_s, timing.execute_end_s,
-            timing.update_time_s, timing.cost_s,
-        )):
-            raise ValueError("RunTiming lists must each hold num_iterations entries")
+        timing.check_length(num_iterations)
         previous = self._in_flight[0] if run.is_async else None
-        applied = apply_bulk_run(self, run, num_iterations, token_id)
+        applied = apply_bulk_run(self.scheduler, run, num_iterations, token_id)
         if previous is not None:
             self._in_flight.popleft()
         if applied.last_scheduled is not None:
@@ -237,45 +205,8 @@ class EngineCore:
                 timing.cost_s[0],
                 self.replica,
             ))
-        m = k_total - skip
-        if not m:
-            return
-        num_reqs, num_tokens, prefill_reqs, prefill_tokens, num_decodes, context_sum = (
-            run.step_columns(m)
-        )
-        zeros = [0] * m
-        new_reqs = zeros
-        if run.admitted:
-            new_reqs = [0] * m
-            new_reqs[0] = 1
-        if run.num_waiting:
-            blockers = [str(b) for b in run.blockers[:m]]
-        else:
-            blockers = [str(AdmissionBlocker.NONE)] * m
-        log.record_steps(StepColumns(
-            step_id=list(range(first_step + skip, first_step + k_total)),
-            schedule_time_s=timing.schedule_time_s[:m],
-            execute_start_s=timing.execute_start_s[skip:],
-            execute_end_s=timing.execute_end_s[skip:],
-            update_time_s=updates[skip:],
-            num_reqs=num_reqs,
-            num_tokens=num_tokens,
-            num_prefill_reqs=prefill_reqs,
-            num_prefill_tokens=prefill_tokens,
-            num_decode_reqs=num_decodes,
-            decode_context_sum=context_sum,
-            num_sampled_tokens=applied.sampled_per_step[skip:],
-            num_new_reqs=new_reqs,
-            num_resumed_reqs=zeros,
-            num_preempted_reqs=zeros,
-            num_finished_reqs=applied.finished_per_step[skip:],
-            num_running=applied.num_running_after[skip:],
-            num_waiting=[run.num_waiting] * m,
-            kv_usage=[1.0 - free / usable for free in applied.free_blocks_after[skip:]],
-            admission_blocker=blockers,
-            cost_s=timing.cost_s[skip:],
-            replica=[self.replica] * m,
-        ))
+        if k_total > skip:
+            log.record_steps(run_step_columns(run, applied, timing, skip, usable, self.replica))
 
     # -- events ---------------------------------------------------------------------------------
     def _record_schedule(self, out: SchedulerOutput, now: float) -> None:

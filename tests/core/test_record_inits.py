@@ -15,10 +15,10 @@ import inspect
 
 import pytest
 
+from engine.core.bulk.records import AppliedRun, RunTiming
 from engine.core.compiled import loaded_compiled_modules
-from engine.core.engine_core import RunTiming, _InFlight
+from engine.core.engine_core import _InFlight
 from engine.core.events import StepColumns, StepRecord
-from engine.core.fast_apply import AppliedRun
 from engine.core.interfaces import StepTime
 from engine.core.outputs import (
     BatchShape,

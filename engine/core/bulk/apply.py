@@ -1,4 +1,4 @@
-"""Exact bulk application of engine iterations: applying a ``BulkRun`` (see ``fast_forward``).
+"""Applying a ``BulkRun``: the state changes of ``K`` engine iterations, made at once.
 
 ``apply_bulk_run`` changes the scheduler, the requests and the KV cache exactly as ``K``
 step-by-step iterations would. Per-request counters are independent across requests and set in
@@ -6,24 +6,23 @@ closed form; KV-block operations are not (they share the free queue), so they ar
 (iteration, phase) in the order the step-by-step scheduler performs them — running order within
 a phase, allocation before prefix registration within a request, registration before freeing —
 and applied in that order. The scheduler's own state changes through its bulk-run transitions
-(``admit_waiting``, ``finish_length_capped``, ``end_bulk_run``); block tables through the KV
-cache manager.
+(``admit_waiting``, ``finish_length_capped``, ``end_bulk_run``); the KV cache's through its
+manager.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
-from engine.core.fast_forward import BulkRun
+from engine.core.bulk.records import AppliedRun
+from engine.core.bulk.run import BulkRun
 from engine.core.outputs import CachedRequestData, NewRequestData, SchedulerOutput
 from engine.core.request import Request
+from engine.core.scheduler import Scheduler
 from engine.core.step_output import new_request_data
 
 if TYPE_CHECKING:
-    from engine.core.engine_core import EngineCore
     from engine.core.kv_cache_manager import KVCacheManager
-    from engine.core.scheduler import Scheduler
 
 # block-event kinds, in flat triples (request index, kind, arg); Final: native when compiled
 _ALLOC: Final = 0
@@ -33,44 +32,6 @@ _FREE: Final = 2
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
-
-
-@dataclass(slots=True)
-class AppliedRun:
-    """What ``apply_bulk_run`` did, for the driver's records (lists indexed by iteration)."""
-
-    num_iterations: int
-    applied_step_ids: range  # steps whose outputs were applied, in order
-    sampled_per_step: list[int]  # tokens each applied step produced
-    finished_per_step: list[int]  # requests each applied step finished
-    num_running_after: list[int]  # running requests after each update
-    free_blocks_after: list[int]  # free KV blocks after each update
-    token_start: list[int]  # per request of the run: iteration of its first token in the run
-    token_count: list[int]  # ... and its tokens in the run
-    last_scheduled: SchedulerOutput | None  # async: the batch left in flight
-
-    # Written-out __init__s: compiled by mypyc (see engine/core/outputs.py's docstring).
-    def __init__(
-        self,
-        num_iterations: int,
-        applied_step_ids: range,
-        sampled_per_step: list[int],
-        finished_per_step: list[int],
-        num_running_after: list[int],
-        free_blocks_after: list[int],
-        token_start: list[int],
-        token_count: list[int],
-        last_scheduled: SchedulerOutput | None,
-    ) -> None:
-        self.num_iterations = num_iterations
-        self.applied_step_ids = applied_step_ids
-        self.sampled_per_step = sampled_per_step
-        self.finished_per_step = finished_per_step
-        self.num_running_after = num_running_after
-        self.free_blocks_after = free_blocks_after
-        self.token_start = token_start
-        self.token_count = token_count
-        self.last_scheduled = last_scheduled
 
 
 class _Events:
@@ -90,24 +51,19 @@ class _Events:
 
 
 def apply_bulk_run(
-    core: EngineCore, run: BulkRun, num_iterations: int, token_id: int
+    sched: Scheduler, run: BulkRun, num_iterations: int, token_id: int
 ) -> AppliedRun:
-    """Apply ``num_iterations`` (1..run.max_iterations) iterations of ``run`` to the scheduler,
+    """Apply ``num_iterations`` (1..run.max_iterations) iterations of ``run`` to ``sched``,
     every sampling request sampling ``token_id``. Event records (token runs, first tokens,
     finishes, step records) are the caller's: see ``EngineCore.apply_bulk_run``."""
     k_total = num_iterations
     if not 1 <= k_total <= run.max_iterations or run.ensure_shapes(k_total) < k_total:
         raise ValueError(f"num_iterations must be in [1, {run.max_iterations}]")
-    sched = core.scheduler
     kv = sched.kv_cache_manager
     requests = run.requests
     num_reqs = len(requests)
     x = run.prefill_index
     finished_before = sched.take_finished_req_ids()  # shipped by the run's first schedule()
-    pending_sampled = 0
-    if run.is_async:
-        pending = core.oldest_in_flight()
-        pending_sampled = len(pending.num_scheduled_tokens) - len(pending.partial_prefill_req_ids)
     # 1. Block events, from the plan and the requests as they are now.
     events = _Events(k_total)
     for i in range(num_reqs):
@@ -136,7 +92,7 @@ def apply_bulk_run(
         k_total,
         [r for i, r in enumerate(requests) if finish[i] < k_total],
         {requests[i].req_id for i in run.finishing(k_total - 1)},
-        set(_scheduled_at(run, k_total - 1)),
+        {requests[i].req_id for i in run.scheduled_at(k_total - 1)},
     )
     finish_counts = run.finish_counts(k_total)
     running_after = []
@@ -146,7 +102,7 @@ def apply_bulk_run(
         running_after.append(n_running)
     sampled = run.decoding[:k_total]
     if run.is_async:
-        sampled.insert(0, pending_sampled)
+        sampled.insert(0, run.pending_num_sampled)
         sampled.pop()
         j = run.prefill_done_iteration + 1  # the prefiller's final chunk, applied one later
     else:
@@ -176,7 +132,7 @@ def apply_bulk_run(
 
 def _admit(sched: Scheduler, run: BulkRun) -> NewRequestData:
     """The first schedule()'s admission, by the scheduler's own code; it must be the planned
-    one (``fast_forward._plan_admission``)."""
+    one (``find._plan_admission``)."""
     request = run.requests[run.prefill_index]
     plan = sched.admit_waiting(run.token_budget - run.decoding[0])
     if (
@@ -315,14 +271,13 @@ def _apply_events(
 ) -> list[int]:
     """Apply the block events in order (the first bucket already, if ``first_applied``);
     returns the free block count after each iteration."""
-    queue = kv.block_pool.free_queue
     free_after: list[int] = []
     buckets = events.buckets
     for k in range(k_total):
         if k or not first_applied:
             _apply_bucket(sched, kv, requests, buckets[2 * k])
         _apply_bucket(sched, kv, requests, buckets[2 * k + 1])
-        free_after.append(queue.num_free_blocks)
+        free_after.append(kv.get_num_free_blocks())
     return free_after
 
 
@@ -343,18 +298,6 @@ def _apply_bucket(
         else:
             sched.finish_length_capped(req)
         p += 3
-
-
-def _scheduled_at(run: BulkRun, k: int) -> list[str]:
-    """Ids scheduled by iteration ``k``'s schedule(), in scheduling (running) order."""
-    out = []
-    x = run.prefill_index
-    for i, req in enumerate(run.requests):
-        if run.decode_start[i] <= k < run.decode_end[i] or (
-            i == x and k < len(run.prefill_chunk)
-        ):
-            out.append(req.req_id)
-    return out
 
 
 def _last_scheduled_output(
