@@ -4,7 +4,7 @@ The scheduler core and the simulator's engine loop are plain, fully typed Python
 of mypy, in the ``fast`` extra) compiles them unchanged into C extensions placed next to the
 sources, where imports pick them up: same decisions, same records, a 2.4–5× faster
 simulation loop (docs/simulator.md has the figures). It needs a C compiler and the Python
-headers. If a compiled module's source changes afterwards, ``engine.core.compiled`` runs the
+headers. If a compiled module's source changes afterwards, ``engine/compiled.py`` runs the
 sources of the whole build instead (and says so), so an edit is never silently ignored;
 ``--clean`` removes the build, ``--status`` lists what is compiled.
 
@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from engine.core.compiled import (
+from engine.compiled import (
     PACKAGES,
     compiled_on_disk,
     manifest_path,

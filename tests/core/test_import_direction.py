@@ -4,8 +4,8 @@
   numpy. It never reads a clock (``time.time``/``monotonic``/``perf_counter``…,
   ``datetime.now``…) and never draws unseeded randomness (the ``random`` module,
   ``numpy.random`` outside a seeded ``default_rng(seed)``, ``os.urandom``, ``uuid4``, ``secrets``).
-* ``sim`` imports only ``engine.core`` of ours; never torch/triton, engine.worker, engine.serve
-  or kernels.
+* ``sim`` imports only ``engine.core`` of ours (and ``engine.compiled``, the compiled-build
+  guard its package runs first); never torch/triton, engine.worker, engine.serve or kernels.
 * ``engine/worker`` imports ``engine.core`` and ``kernels``, not ``sim``; ``engine/serve``
   imports ``engine.core`` and ``engine.worker``.
 * ``reports`` imports only ``engine.core.events`` of ours, plus pandas/numpy/matplotlib and
@@ -42,7 +42,8 @@ class Rule:
 RULES: dict[str, Rule] = {
     "engine/core": Rule(ours=("engine.core",), third_party=("numpy",), clock_free=True),
     "sim": Rule(
-        ours=("sim", "engine.core"), third_party=None, forbidden_third_party=("torch", "triton")
+        ours=("sim", "engine.core", "engine.compiled"), third_party=None,
+        forbidden_third_party=("torch", "triton"),
     ),
     "engine/worker": Rule(ours=("engine.worker", "engine.core", "kernels"), third_party=None),
     "engine/serve": Rule(
@@ -279,6 +280,9 @@ def test_checker_rules_of_other_packages() -> None:
     assert import_violations("from engine.worker import executor", "sim.x", sim)
     assert import_violations("import kernels", "sim.x", sim)
     assert import_violations("from reports import metrics", "sim.x", sim)
+    assert not import_violations("from engine.compiled import guard_compiled_build", "sim", sim)
+    assert import_violations("from engine.compiled import guard_compiled_build", "engine.core",
+                             RULES["engine/core"])
     assert not import_violations(
         "import torch\nfrom kernels import paged_attention\nfrom engine.core import config",
         "engine.worker.x", worker,

@@ -15,8 +15,8 @@ import inspect
 
 import pytest
 
+from engine.compiled import loaded_compiled_modules
 from engine.core.bulk.records import AppliedRun, RunTiming
-from engine.core.compiled import loaded_compiled_modules
 from engine.core.engine_core import _InFlight
 from engine.core.events import StepColumns, StepRecord
 from engine.core.interfaces import StepTime
