@@ -271,13 +271,14 @@ def _apply_events(
 ) -> list[int]:
     """Apply the block events in order (the first bucket already, if ``first_applied``);
     returns the free block count after each iteration."""
+    queue = kv.block_pool.free_queue
     free_after: list[int] = []
     buckets = events.buckets
     for k in range(k_total):
         if k or not first_applied:
             _apply_bucket(sched, kv, requests, buckets[2 * k])
         _apply_bucket(sched, kv, requests, buckets[2 * k + 1])
-        free_after.append(kv.get_num_free_blocks())
+        free_after.append(queue.num_free_blocks)
     return free_after
 
 

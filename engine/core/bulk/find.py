@@ -139,6 +139,7 @@ def _set_up(
     requests = list(sched.running)
     num_reqs = len(requests)
     prefill_index = num_reqs - 1 if prefilling else -1
+    contexts = [0] * num_reqs
     ends = [NO_ITERATION] * num_reqs
     finishes = [NO_ITERATION] * num_reqs
     for i in range(num_reqs):
@@ -160,6 +161,7 @@ def _set_up(
         f = tokens_left(req.max_tokens - len(req.output_token_ids), max_model_len - req.num_tokens)
         finishes[i] = f
         ends[i] = f + 1 - d_end
+        contexts[i] = c
     pending_sampled = len(pending_tokens) - len(pending_partial)
     return BulkRun(
         requests=requests,
@@ -171,6 +173,7 @@ def _set_up(
         long_prefill_token_threshold=sched.long_prefill_token_threshold,
         is_async=is_async,
         pending_num_sampled=pending_sampled,
+        context_at_start=contexts,
         decode_end=ends,
         finish_iteration=finishes,
         prefill_index=prefill_index,

@@ -53,13 +53,16 @@ class BulkRun:
         long_prefill_token_threshold: int,
         is_async: bool,
         pending_num_sampled: int,
+        context_at_start: list[int],
         decode_end: list[int],
         finish_iteration: list[int],
         prefill_index: int,
     ) -> None:
         """A run of the running ``requests`` as they are now: every one but the prefiller (at
-        ``prefill_index``, −1: none) decodes from iteration 0 until ``decode_end[i]`` and
-        finishes at ``finish_iteration[i]`` (the prefiller's entries are ``NO_ITERATION``)."""
+        ``prefill_index``, −1: none) decodes from iteration 0 with context
+        ``context_at_start[i]`` until ``decode_end[i]`` and finishes at
+        ``finish_iteration[i]`` (the prefiller's entries are 0, ``NO_ITERATION``,
+        ``NO_ITERATION``)."""
         self.requests = requests
         self.first_step_id = first_step_id  # step id of the run's first schedule()
         self.num_waiting = num_waiting  # requests waiting throughout (admissions stay blocked)
@@ -73,10 +76,7 @@ class BulkRun:
         self.decode_start: list[int] = [0] * n
         self.decode_end = decode_end
         self.finish_iteration = finish_iteration
-        self.context_at_start: list[int] = [r.num_computed_tokens for r in requests]
-        if prefill_index >= 0:  # it decodes once its prefill is planned (``_prefill_done``)
-            self.decode_start[prefill_index] = NO_ITERATION
-            self.context_at_start[prefill_index] = 0
+        self.context_at_start = context_at_start
         self.prefill_index = prefill_index
         self.prefill_done_iteration = NO_ITERATION  # j: the prefiller's last chunk
         # the first schedule() admits the prefiller (``admit``): its first chunk, the admission
@@ -95,13 +95,18 @@ class BulkRun:
         self.limit = NO_ITERATION  # first iteration that may not be bulk-applied
         self.max_kv_iterations = NO_ITERATION  # most iterations whose blocks surely fit
         # the shape computation's cursors
-        decoders = [i for i in range(n) if i != prefill_index]
         bits = n.bit_length()
         mask = (1 << bits) - 1
-        by_end = order_by(decode_end, [i for i in decoders if decode_end[i] > 0], bits)
+        offsets: list[int] = []
+        decoding: list[int] = []
+        for i in range(n):
+            if i != prefill_index and decode_end[i] > 0:
+                offsets.append(context_at_start[i])
+                decoding.append(i)
+        by_end = order_by(decode_end, decoding, bits)
         self._decodes = DecodeSet(
-            [self.context_at_start[i] for i in decoders if decode_end[i] > 0],
-            [key & mask for key in by_end],
+            offsets, [key & mask for key in by_end], self.decode_start, decode_end,
+            context_at_start,
         )
         by_finish = order_by(finish_iteration, list(range(n)), bits)
         self._finishes = FinishOrder(
@@ -109,9 +114,12 @@ class BulkRun:
         )
         self._running = n  # running requests at the next schedule()
         self._x_join = NO_ITERATION  # iteration the prefiller starts decoding
-        prefiller = requests[prefill_index] if prefill_index >= 0 else None
-        self._x_context = prefiller.num_computed_tokens if prefiller is not None else 0
-        self._x_num_tokens = prefiller.num_tokens if prefiller is not None else 0
+        self._x_context = 0  # the prefiller's context before its next chunk
+        self._x_num_tokens = 0  # its known tokens (constant while it prefills)
+        if prefill_index >= 0:  # it decodes once its prefill is planned (``_prefill_done``)
+            self.decode_start[prefill_index] = NO_ITERATION
+            self._x_context = requests[prefill_index].num_computed_tokens
+            self._x_num_tokens = requests[prefill_index].num_tokens
 
     # -- set-up (find.py) -----------------------------------------------------------------------
     def admit(
@@ -253,13 +261,15 @@ class BulkRun:
         (the limit is set where an iteration is not a run iteration)."""
         k = len(self.decoding)
         decodes, finishes = self._decodes, self._finishes
+        offsets = decodes.offsets  # sorted; changed only by the set's own methods
         x = self.prefill_index
         waiting = self.num_waiting
         while k < upto and k < self.limit:
-            decodes.retire_through(k, self.decode_start, self.decode_end, self.context_at_start)
+            if decodes.next_end <= k:
+                decodes.retire_through(k)
             if k == self._x_join:
                 decodes.join(self.context_at_start[x] - k)
-            n = decodes.num_decoding
+            n = len(offsets)
             num_tokens = n
             prefilling = x >= 0 and self.prefill_done_iteration == NO_ITERATION
             admitting = k == 0 and self.admitted  # planned by find.py
@@ -291,9 +301,10 @@ class BulkRun:
                 if self._x_context >= self._x_num_tokens:
                     self._prefill_done(k)
             self.decoding.append(n)
-            self.context_sum.append(decodes.context_sum(k))
-            self.context_max.append(decodes.context_max(k))
-            self._running -= finishes.consume_through(k)
+            self.context_sum.append(decodes.offset_sum + n * k)
+            self.context_max.append(offsets[-1] + k if n else 0)
+            if finishes.next_finish <= k:
+                self._running -= finishes.consume_through(k)
             k += 1
 
     def blocker_of(self, num_scheduled_tokens: int, num_running: int) -> AdmissionBlocker:
@@ -341,7 +352,7 @@ class BulkRun:
         self._finishes.place(i, finish)
         if end > start:
             self._x_join = start
-            self._decodes.expect_end(i, self.decode_end)
+            self._decodes.expect_end(i)
 
 
 def tokens_left(outputs_left: int, tokens_left: int) -> int:
