@@ -80,14 +80,21 @@ class TokenBlockHasher:
         self.block_size = block_size
 
     def hash_new_blocks(self, request: TokenSource) -> list[BlockHash]:
+        hashes = list(request.block_hashes)
+        return self.hashes_after(hashes, request.all_token_ids, request.num_tokens)
+
+    def hashes_after(
+        self, block_hashes: list[BlockHash], token_ids: list[int], num_tokens: int
+    ) -> list[BlockHash]:
+        """The hashes of the full blocks of ``token_ids[:num_tokens]`` after ``block_hashes``
+        (the request's own call: native when compiled, no protocol in between, and lists, whose
+        indexing and slicing compile to list operations)."""
         bs = self.block_size
-        hashes = request.block_hashes
-        tokens = request.all_token_ids
-        parent = hashes[-1] if hashes else NONE_HASH
+        parent = block_hashes[-1] if block_hashes else NONE_HASH
         new: list[BlockHash] = []
-        for start in range(len(hashes) * bs, request.num_tokens - bs + 1, bs):
+        for start in range(len(block_hashes) * bs, num_tokens - bs + 1, bs):
             assert isinstance(parent, bytes)
-            parent = hash_block_tokens(parent, tokens[start : start + bs])
+            parent = hash_block_tokens(parent, token_ids[start : start + bs])
             new.append(parent)
         return new
 

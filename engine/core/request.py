@@ -16,7 +16,7 @@ import enum
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from engine.core.hashing import PrecomputedBlockHasher
+from engine.core.hashing import PrecomputedBlockHasher, TokenBlockHasher
 
 # Re-exported: validation stays interpreted when this module is compiled (see the module).
 from engine.core.sampling_params import SamplingParams as SamplingParams
@@ -224,13 +224,16 @@ class Request:
         full since the last call): the hasher returns the new hashes, the request keeps them."""
         hasher = self.block_hasher
         hashes = self.block_hashes
-        # The two branches read alike, but compiled, the first one's call is native (the
-        # simulator's hasher) and the second one's goes through the protocol.
+        # Compiled, the simulator's hasher is tested and called natively on every token; the
+        # real one is called natively once a block is full.
         if isinstance(hasher, PrecomputedBlockHasher):
             if self.num_tokens >= (len(hashes) + 1) * hasher.block_size:
                 hashes.extend(hasher.keys(len(hashes), self.num_tokens, self.num_prompt_tokens))
         elif hasher is not None and self.num_tokens >= (len(hashes) + 1) * hasher.block_size:
-            hashes.extend(hasher.hash_new_blocks(self))
+            if isinstance(hasher, TokenBlockHasher):
+                hashes.extend(hasher.hashes_after(hashes, self.all_token_ids, self.num_tokens))
+            else:
+                hashes.extend(hasher.hash_new_blocks(self))
 
     # -- status ---------------------------------------------------------------------------------
     def is_finished(self) -> bool:
