@@ -129,32 +129,6 @@ class StepRecord:
         object.__setattr__(self, "cost_s", cost_s)
         object.__setattr__(self, "replica", replica)
 
-    def values(self) -> tuple[object, ...]:
-        """The fields in ``STEP_COLUMNS`` order."""
-        return (
-            self.step_id,
-            self.schedule_time_s,
-            self.execute_start_s,
-            self.execute_end_s,
-            self.update_time_s,
-            self.num_reqs,
-            self.num_tokens,
-            self.num_prefill_reqs,
-            self.num_prefill_tokens,
-            self.num_decode_reqs,
-            self.decode_context_sum,
-            self.num_sampled_tokens,
-            self.num_new_reqs,
-            self.num_resumed_reqs,
-            self.num_preempted_reqs,
-            self.num_finished_reqs,
-            self.num_running,
-            self.num_waiting,
-            self.kv_usage,
-            self.admission_blocker,
-            self.cost_s,
-            self.replica,
-        )
 
 @dataclass(frozen=True, slots=True)
 class StepColumns:
@@ -433,12 +407,32 @@ class EventLog:
         records = self._step_records
         if not records:
             return
-        buf = self._step_buf
-        num_columns = len(buf)
-        for record in records:
-            values = record.values()
-            for j in range(num_columns):
-                buf[j].append(values[j])
+        # written out field by field (no row tuples): every step passes here
+        (b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10,
+         b11, b12, b13, b14, b15, b16, b17, b18, b19, b20, b21) = self._step_buf
+        for r in records:
+            b0.append(r.step_id)
+            b1.append(r.schedule_time_s)
+            b2.append(r.execute_start_s)
+            b3.append(r.execute_end_s)
+            b4.append(r.update_time_s)
+            b5.append(r.num_reqs)
+            b6.append(r.num_tokens)
+            b7.append(r.num_prefill_reqs)
+            b8.append(r.num_prefill_tokens)
+            b9.append(r.num_decode_reqs)
+            b10.append(r.decode_context_sum)
+            b11.append(r.num_sampled_tokens)
+            b12.append(r.num_new_reqs)
+            b13.append(r.num_resumed_reqs)
+            b14.append(r.num_preempted_reqs)
+            b15.append(r.num_finished_reqs)
+            b16.append(r.num_running)
+            b17.append(r.num_waiting)
+            b18.append(r.kv_usage)
+            b19.append(r.admission_blocker)
+            b20.append(r.cost_s)
+            b21.append(r.replica)
         self._num_buffered += len(records)
         self._step_records = []
 

@@ -130,3 +130,16 @@ def test_large_integers_and_floats_in_int_and_float_columns() -> None:
     log.record_step(StepRecord(*row))  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="'num_reqs' takes integers"):
         log.steps_columns()
+
+
+def test_each_field_lands_in_its_own_column() -> None:
+    """Every StepRecord field, and every StepColumns list, is stored under its own name."""
+    values: dict[str, object] = {}
+    for i, name in enumerate(STEP_COLUMNS):
+        kind = type(getattr(_step(0), name))
+        values[name] = f"b{i}" if kind is str else kind(100 + i)
+    by_record, by_columns = EventLog(), EventLog()
+    by_record.record_step(StepRecord(**values))  # type: ignore[arg-type]
+    by_columns.record_steps(StepColumns(**{name: [v] for name, v in values.items()}))
+    for log in (by_record, by_columns):
+        assert _columns(log) == {name: [value] for name, value in values.items()}
