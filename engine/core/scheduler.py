@@ -164,6 +164,7 @@ class Scheduler:
         running = self.running
         kv = self.kv_cache_manager  # (methods called through it: a native call when compiled)
         max_model_len = self.max_model_len
+        max_model_len_1 = max_model_len - 1
         num_scheduled = plan.num_scheduled_tokens
         new_block_ids = plan.new_block_ids
         scheduled_running = plan.scheduled_running
@@ -180,10 +181,11 @@ class Scheduler:
                 # Async: in-flight outputs already reach max_tokens; do not over-schedule.
                 req_index += 1
                 continue
-            num_new = running_chunk(
-                request.num_tokens + placeholders - computed, threshold, budget, computed,
-                max_model_len,
-            )
+            num_new = request.num_tokens + placeholders - computed
+            if num_new != 1 or computed >= max_model_len_1:
+                # (a decode's one token passes every cap of running_chunk but max_model_len's:
+                # most requests of most steps skip the call)
+                num_new = running_chunk(num_new, threshold, budget, computed, max_model_len)
             if num_new <= 0:
                 req_index += 1
                 continue
