@@ -53,9 +53,14 @@ class RequestEvent:
     payload: int | str | None = None  # kind-specific (see EventKind)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StepRecord:
-    """One engine step (one ``schedule()`` and its applied output)."""
+    """One engine step (one ``schedule()`` and its applied output).
+
+    Not frozen, unlike most records: every step builds one, and a frozen record's ``__init__``
+    (22 ``object.__setattr__`` calls) costs about 2 µs from the Python sources, a plain one
+    0.4 µs. Nothing changes a record once it is built.
+    """
 
     step_id: int  # index of the schedule() call
     schedule_time_s: float  # when schedule() ran
@@ -106,28 +111,28 @@ class StepRecord:
         cost_s: float,
         replica: int,
     ) -> None:
-        object.__setattr__(self, "step_id", step_id)
-        object.__setattr__(self, "schedule_time_s", schedule_time_s)
-        object.__setattr__(self, "execute_start_s", execute_start_s)
-        object.__setattr__(self, "execute_end_s", execute_end_s)
-        object.__setattr__(self, "update_time_s", update_time_s)
-        object.__setattr__(self, "num_reqs", num_reqs)
-        object.__setattr__(self, "num_tokens", num_tokens)
-        object.__setattr__(self, "num_prefill_reqs", num_prefill_reqs)
-        object.__setattr__(self, "num_prefill_tokens", num_prefill_tokens)
-        object.__setattr__(self, "num_decode_reqs", num_decode_reqs)
-        object.__setattr__(self, "decode_context_sum", decode_context_sum)
-        object.__setattr__(self, "num_sampled_tokens", num_sampled_tokens)
-        object.__setattr__(self, "num_new_reqs", num_new_reqs)
-        object.__setattr__(self, "num_resumed_reqs", num_resumed_reqs)
-        object.__setattr__(self, "num_preempted_reqs", num_preempted_reqs)
-        object.__setattr__(self, "num_finished_reqs", num_finished_reqs)
-        object.__setattr__(self, "num_running", num_running)
-        object.__setattr__(self, "num_waiting", num_waiting)
-        object.__setattr__(self, "kv_usage", kv_usage)
-        object.__setattr__(self, "admission_blocker", admission_blocker)
-        object.__setattr__(self, "cost_s", cost_s)
-        object.__setattr__(self, "replica", replica)
+        self.step_id = step_id
+        self.schedule_time_s = schedule_time_s
+        self.execute_start_s = execute_start_s
+        self.execute_end_s = execute_end_s
+        self.update_time_s = update_time_s
+        self.num_reqs = num_reqs
+        self.num_tokens = num_tokens
+        self.num_prefill_reqs = num_prefill_reqs
+        self.num_prefill_tokens = num_prefill_tokens
+        self.num_decode_reqs = num_decode_reqs
+        self.decode_context_sum = decode_context_sum
+        self.num_sampled_tokens = num_sampled_tokens
+        self.num_new_reqs = num_new_reqs
+        self.num_resumed_reqs = num_resumed_reqs
+        self.num_preempted_reqs = num_preempted_reqs
+        self.num_finished_reqs = num_finished_reqs
+        self.num_running = num_running
+        self.num_waiting = num_waiting
+        self.kv_usage = kv_usage
+        self.admission_blocker = admission_blocker
+        self.cost_s = cost_s
+        self.replica = replica
 
 
 @dataclass(frozen=True, slots=True)
