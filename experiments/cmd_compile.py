@@ -58,6 +58,7 @@ HOT_MODULES: tuple[str, ...] = (
     "engine/core/request.py",
     "engine/core/scheduler.py",
     "engine/core/step_output.py",
+    "engine/core/step_records.py",
     "sim/cost/roofline.py",
     "sim/executor.py",
     "sim/replica.py",

@@ -5,9 +5,9 @@ Every metric of a report is derived from this log, identically for simulated and
 Stage events (arrival, front end, engine queue, scheduling, preemption, finish) are stored as
 rows. Token events are stored compactly, because a run produces one per generated token:
 
-* every engine step ``s`` has one ``StepRecord`` (when it was scheduled, ran, was applied), and
-  the output path later records when that step's outputs reached the client
-  (``record_delivery``);
+* every engine step ``s`` has one ``StepRecord`` (when it was scheduled, ran, was applied;
+  ``step_records.py``), and the output path later records when that step's outputs reached
+  the client (``record_delivery``);
 * each request's tokens are kept as *runs* ``(req, first_step, num_tokens)``: a request that
   gets one token in each of steps ``s, s+1, …, s+n-1`` is one run. Token ``i`` of a run was
   produced at ``steps[first_step + i].update_time_s`` and delivered at the step's delivery time.
@@ -20,11 +20,16 @@ requests.
 from __future__ import annotations
 
 import enum
-import struct
 from array import array
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, fields
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, Final
+
+# Re-exported: the step records are part of the log's interface (reports read STEP_COLUMNS).
+from engine.core.step_records import STEP_COLUMNS as STEP_COLUMNS
+from engine.core.step_records import STEP_TYPECODES, typed_column
+from engine.core.step_records import StepColumns as StepColumns
+from engine.core.step_records import StepRecord as StepRecord
 
 
 class EventKind(enum.IntEnum):
@@ -53,252 +58,9 @@ class RequestEvent:
     payload: int | str | None = None  # kind-specific (see EventKind)
 
 
-@dataclass(slots=True)
-class StepRecord:
-    """One engine step (one ``schedule()`` and its applied output).
-
-    Not frozen, unlike most records: every step builds one, and a frozen record's ``__init__``
-    (22 ``object.__setattr__`` calls) costs about 2 µs from the Python sources, a plain one
-    0.4 µs. Nothing changes a record once it is built.
-    """
-
-    step_id: int  # index of the schedule() call
-    schedule_time_s: float  # when schedule() ran
-    execute_start_s: float  # when the executor started the batch
-    execute_end_s: float  # when the executor finished it
-    update_time_s: float  # when update_from_output applied it (token time in the engine)
-    num_reqs: int  # scheduled requests
-    num_tokens: int  # scheduled tokens
-    num_prefill_reqs: int  # requests computing > 1 token
-    num_prefill_tokens: int
-    num_decode_reqs: int  # requests computing exactly 1 token
-    decode_context_sum: int  # Σ cached context of the decodes
-    num_sampled_tokens: int  # output tokens this step produced
-    num_new_reqs: int  # first admissions
-    num_resumed_reqs: int  # resumptions after preemption
-    num_preempted_reqs: int  # preemptions during schedule()
-    num_finished_reqs: int  # requests finished by this update
-    num_running: int  # after the update
-    num_waiting: int  # after the update
-    kv_usage: float  # 1 - free / usable blocks, after the update
-    admission_blocker: str  # why admissions stopped this step ("" if the queue drained)
-    cost_s: float  # the step time the executor reported (simulated or measured)
-    replica: int  # data-parallel rank of the engine that ran the step
-
-    # Written-out __init__s: compiled by mypyc (see engine/core/outputs.py's docstring).
-    def __init__(
-        self,
-        step_id: int,
-        schedule_time_s: float,
-        execute_start_s: float,
-        execute_end_s: float,
-        update_time_s: float,
-        num_reqs: int,
-        num_tokens: int,
-        num_prefill_reqs: int,
-        num_prefill_tokens: int,
-        num_decode_reqs: int,
-        decode_context_sum: int,
-        num_sampled_tokens: int,
-        num_new_reqs: int,
-        num_resumed_reqs: int,
-        num_preempted_reqs: int,
-        num_finished_reqs: int,
-        num_running: int,
-        num_waiting: int,
-        kv_usage: float,
-        admission_blocker: str,
-        cost_s: float,
-        replica: int,
-    ) -> None:
-        self.step_id = step_id
-        self.schedule_time_s = schedule_time_s
-        self.execute_start_s = execute_start_s
-        self.execute_end_s = execute_end_s
-        self.update_time_s = update_time_s
-        self.num_reqs = num_reqs
-        self.num_tokens = num_tokens
-        self.num_prefill_reqs = num_prefill_reqs
-        self.num_prefill_tokens = num_prefill_tokens
-        self.num_decode_reqs = num_decode_reqs
-        self.decode_context_sum = decode_context_sum
-        self.num_sampled_tokens = num_sampled_tokens
-        self.num_new_reqs = num_new_reqs
-        self.num_resumed_reqs = num_resumed_reqs
-        self.num_preempted_reqs = num_preempted_reqs
-        self.num_finished_reqs = num_finished_reqs
-        self.num_running = num_running
-        self.num_waiting = num_waiting
-        self.kv_usage = kv_usage
-        self.admission_blocker = admission_blocker
-        self.cost_s = cost_s
-        self.replica = replica
-
-
-@dataclass(frozen=True, slots=True)
-class StepColumns:
-    """Several engine steps as columns: one equal-length list per ``StepRecord`` field (what
-    the bulk path records for a run of iterations, and what a saved log is loaded from)."""
-
-    step_id: list[int]
-    schedule_time_s: list[float]
-    execute_start_s: list[float]
-    execute_end_s: list[float]
-    update_time_s: list[float]
-    num_reqs: list[int]
-    num_tokens: list[int]
-    num_prefill_reqs: list[int]
-    num_prefill_tokens: list[int]
-    num_decode_reqs: list[int]
-    decode_context_sum: list[int]
-    num_sampled_tokens: list[int]
-    num_new_reqs: list[int]
-    num_resumed_reqs: list[int]
-    num_preempted_reqs: list[int]
-    num_finished_reqs: list[int]
-    num_running: list[int]
-    num_waiting: list[int]
-    kv_usage: list[float]
-    admission_blocker: list[str]
-    cost_s: list[float]
-    replica: list[int]
-
-    def __init__(
-        self,
-        step_id: list[int],
-        schedule_time_s: list[float],
-        execute_start_s: list[float],
-        execute_end_s: list[float],
-        update_time_s: list[float],
-        num_reqs: list[int],
-        num_tokens: list[int],
-        num_prefill_reqs: list[int],
-        num_prefill_tokens: list[int],
-        num_decode_reqs: list[int],
-        decode_context_sum: list[int],
-        num_sampled_tokens: list[int],
-        num_new_reqs: list[int],
-        num_resumed_reqs: list[int],
-        num_preempted_reqs: list[int],
-        num_finished_reqs: list[int],
-        num_running: list[int],
-        num_waiting: list[int],
-        kv_usage: list[float],
-        admission_blocker: list[str],
-        cost_s: list[float],
-        replica: list[int],
-    ) -> None:
-        object.__setattr__(self, "step_id", step_id)
-        object.__setattr__(self, "schedule_time_s", schedule_time_s)
-        object.__setattr__(self, "execute_start_s", execute_start_s)
-        object.__setattr__(self, "execute_end_s", execute_end_s)
-        object.__setattr__(self, "update_time_s", update_time_s)
-        object.__setattr__(self, "num_reqs", num_reqs)
-        object.__setattr__(self, "num_tokens", num_tokens)
-        object.__setattr__(self, "num_prefill_reqs", num_prefill_reqs)
-        object.__setattr__(self, "num_prefill_tokens", num_prefill_tokens)
-        object.__setattr__(self, "num_decode_reqs", num_decode_reqs)
-        object.__setattr__(self, "decode_context_sum", decode_context_sum)
-        object.__setattr__(self, "num_sampled_tokens", num_sampled_tokens)
-        object.__setattr__(self, "num_new_reqs", num_new_reqs)
-        object.__setattr__(self, "num_resumed_reqs", num_resumed_reqs)
-        object.__setattr__(self, "num_preempted_reqs", num_preempted_reqs)
-        object.__setattr__(self, "num_finished_reqs", num_finished_reqs)
-        object.__setattr__(self, "num_running", num_running)
-        object.__setattr__(self, "num_waiting", num_waiting)
-        object.__setattr__(self, "kv_usage", kv_usage)
-        object.__setattr__(self, "admission_blocker", admission_blocker)
-        object.__setattr__(self, "cost_s", cost_s)
-        object.__setattr__(self, "replica", replica)
-
-    def lists(self) -> tuple[list[Any], ...]:
-        """The columns in ``STEP_COLUMNS`` order."""
-        return (
-            self.step_id,
-            self.schedule_time_s,
-            self.execute_start_s,
-            self.execute_end_s,
-            self.update_time_s,
-            self.num_reqs,
-            self.num_tokens,
-            self.num_prefill_reqs,
-            self.num_prefill_tokens,
-            self.num_decode_reqs,
-            self.decode_context_sum,
-            self.num_sampled_tokens,
-            self.num_new_reqs,
-            self.num_resumed_reqs,
-            self.num_preempted_reqs,
-            self.num_finished_reqs,
-            self.num_running,
-            self.num_waiting,
-            self.kv_usage,
-            self.admission_blocker,
-            self.cost_s,
-            self.replica,
-        )
-
-    @staticmethod
-    def from_mapping(columns: Mapping[str, Sequence[object]]) -> StepColumns:
-        """Named columns from outside the engine (a saved log, a DataFrame), checked now: every
-        ``StepRecord`` field once with equal lengths (else ``ValueError``), every value of its
-        column's type (else ``TypeError`` naming the column), so a bad file is refused before
-        anything is recorded."""
-        lengths = {len(v) for v in columns.values()}
-        if set(columns) != set(STEP_COLUMNS) or len(lengths) > 1:
-            raise ValueError(
-                f"step columns need {len(STEP_COLUMNS)} columns, one equal-length list per "
-                "StepRecord field"
-            )
-        lists: list[Any] = [list(columns[name]) for name in STEP_COLUMNS]
-        for name, values in zip(STEP_COLUMNS, lists, strict=True):
-            _typed_block(name, values)
-        return StepColumns(*lists)
-
-
-STEP_COLUMNS: Final[tuple[str, ...]] = tuple(f.name for f in fields(StepRecord))
-
-#: Storage of each step column: an ``array`` typecode ("q" int64, "i" int32, "d" float64), or
-#: "" for the one string column (a list).
-_STEP_TYPECODES: Final[dict[str, str]] = {
-    f.name: (
-        "" if f.type in ("str", str)
-        else "q" if f.name in ("step_id", "decode_context_sum")
-        else "i" if f.type in ("int", int)
-        else "d"
-    )
-    for f in fields(StepRecord)
-}
-
-
 #: Steps buffered (as Python objects) before they are converted into the typed columns
 #: (≈ 400 bytes a step: a few MB at most).
 STEP_ROWS_BUFFERED: Final = 16384
-
-
-def _typed_block(name: str, values: list[object]) -> Any:
-    """Column ``name``'s ``values`` converted to its storage: an ``array`` packed by ``struct``
-    (about twice as fast per value as ``array.fromlist``), with the same type rules — ints for
-    integer columns, ints or floats for float columns, nothing that does not fit — or the list
-    itself for the string column. A value that does not fit raises ``TypeError`` naming it."""
-    typecode = _STEP_TYPECODES[name]
-    if not typecode:
-        if not all(isinstance(v, str) for v in values):
-            raise TypeError(f"step column {name!r} takes strings")
-        return values
-    block: Any = array(typecode)
-    try:
-        block.frombytes(struct.pack(f"{len(values)}{typecode}", *values))
-        return block
-    except (struct.error, TypeError, OverflowError):
-        pass
-    block = array(typecode)  # array's own conversion decides (and words the error)
-    try:
-        block.fromlist(values)
-    except (TypeError, OverflowError) as exc:
-        kind = "floats" if typecode == "d" else "integers"
-        raise TypeError(f"step column {name!r} takes {kind}: {exc}") from None
-    return block
 
 
 class EventLog:
@@ -319,7 +81,7 @@ class EventLog:
         self._open_runs: dict[int, list[int]] = {}  # req index -> [first_step, count]
         # steps
         self._steps: dict[str, array[int] | array[float] | list[str]] = {
-            name: array(code) if code else [] for name, code in _STEP_TYPECODES.items()
+            name: array(code) if code else [] for name, code in STEP_TYPECODES.items()
         }
         # steps not yet in the typed columns: single records, and column buffers before them
         self._step_records: list[StepRecord] = []
@@ -454,7 +216,7 @@ class EventLog:
         """Convert each column (``STEP_COLUMNS`` order) to its storage, then append them all
         (or nothing: a value that does not fit raises ``TypeError`` naming its column)."""
         converted = [
-            _typed_block(name, values) for name, values in zip(STEP_COLUMNS, columns, strict=True)
+            typed_column(name, values) for name, values in zip(STEP_COLUMNS, columns, strict=True)
         ]
         for name, block in zip(STEP_COLUMNS, converted, strict=True):
             self._steps[name].extend(block)
