@@ -129,8 +129,8 @@ class EngineCore:
     # -- bulk runs ------------------------------------------------------------------------------
     def find_bulk_run(self, token_id: int) -> BulkRun | None:
         """Before ``begin_step``: the iterations that could be bulk-applied from here (see
-        ``engine/core/bulk``). A run starts from a full batch queue under async scheduling (one
-        batch in flight) and from an empty one otherwise."""
+        ``engine/core/bulk``). A run starts with one batch in flight under async scheduling and
+        with none otherwise."""
         in_flight = self._in_flight
         if len(in_flight) != self.batch_queue_size - 1:
             return None

@@ -155,6 +155,7 @@ class Scheduler:
         return self._finalize(plan)
 
     def _effective_long_prefill_threshold(self) -> int:
+        """The long-prefill threshold in force this step (``chunking.py``)."""
         return effective_long_prefill_threshold(
             self.long_prefill_token_threshold, len(self.running) + len(self.waiting)
         )
