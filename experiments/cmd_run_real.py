@@ -64,7 +64,7 @@ def _run_real(args: argparse.Namespace) -> int:
     from engine.llm import EngineArgs
     from experiments.real_run import run_real
     from experiments.reporting import finish_run, prepare_out_dir, report_options
-    from sim.workload import WorkloadConfig, build_workload
+    from workload.build import WorkloadConfig, build_workload
 
     if args.cpu_threads:
         import torch

@@ -66,7 +66,7 @@ def _profile(args: argparse.Namespace) -> int:
 
 def _workload_config(args: argparse.Namespace, rate: float | None) -> Any:
     from experiments.simconfig_cli import workload_dict_from_args
-    from sim.workload import WorkloadConfig
+    from workload.build import WorkloadConfig
 
     values = workload_dict_from_args(args)
     if rate is not None:
@@ -78,7 +78,7 @@ def _validate(args: argparse.Namespace) -> int:
     from experiments import validate as v
     from experiments.cmd_run_real import engine_config_dict
     from experiments.reporting import prepare_out_dir
-    from sim.workload import build_workload
+    from workload.build import build_workload
 
     out = prepare_out_dir(Path(args.out))
     if args.reuse_measured:

@@ -154,7 +154,7 @@ def full_config(user: Mapping[str, Any]) -> dict[str, Any]:
     and KV resolution (the model must fit) and the trace file's existence.
     """
     from sim.config import SimConfig, resolve_engine_config
-    from sim.traces import resolve_trace_path
+    from workload.traces import resolve_trace_path
 
     plain: dict[str, Any] = json.loads(json.dumps(user))  # a deep copy of plain data
     cfg = SimConfig.from_dict(config_dict_from_args(argparse.Namespace(), plain))

@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     from experiments.cmd_run_real import engine_config_dict
     from experiments.validation_report import step_time_errors
     from sim.cost.fitted import FittedCostModel
-    from sim.workload import WorkloadConfig, build_workload
+    from workload.build import WorkloadConfig, build_workload
 
     if args.smoke:
         torch.set_num_threads(1)

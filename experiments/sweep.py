@@ -63,7 +63,7 @@ def _file_digest(path: str, mtime_ns: int, size: int) -> str:
 
 def input_digests(config: Mapping[str, Any]) -> dict[str, str]:
     """SHA-256 of user files the config names (built-in traces are part of the code)."""
-    from sim.traces import TRACES
+    from workload.traces import TRACES
 
     paths = {}
     dataset = (config.get("workload") or {}).get("dataset_path")

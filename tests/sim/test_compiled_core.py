@@ -63,7 +63,7 @@ def _python(root: Path, *args: str, cwd: Path | None = None) -> subprocess.Compl
 def compiled_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("compiled")
     skip = shutil.ignore_patterns("__pycache__", "*.so", "_compiled.json", ".hypothesis")
-    for name in ("engine", "sim", "experiments", "reports"):
+    for name in ("engine", "sim", "workload", "experiments", "reports"):
         shutil.copytree(ROOT / name, root / name, ignore=skip)
     (root / "tests").mkdir()
     for name in ("__init__.py", "conftest.py"):

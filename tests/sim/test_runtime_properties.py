@@ -17,8 +17,8 @@ from engine.core.scheduler import Scheduler
 from sim.config import EngineKnobs, SimConfig
 from sim.replica import EngineReplica
 from sim.runtime import SimResult, SimRuntime, run_simulation
-from sim.workload import WorkloadConfig
 from tests.sim.helpers import SIMPLE_FRONTEND, LinearCostModel, simulate, workload
+from workload.build import WorkloadConfig
 
 
 def _log_columns(res: SimResult) -> tuple:

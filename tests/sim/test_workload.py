@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sim.workload import (
+from workload.build import (
     WorkloadConfig,
     WorkloadError,
     build_workload,

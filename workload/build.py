@@ -36,7 +36,7 @@ from typing import Literal
 import numpy as np
 
 from engine.core.config import INFINITE_OK
-from sim.traces import MOONCAKE_BLOCK_TOKENS, TRACES, WorkloadError, load_trace
+from workload.traces import MOONCAKE_BLOCK_TOKENS, TRACES, WorkloadError, load_trace
 
 DatasetName = Literal["random", "prefix_repetition", "trace"]
 #: Bounds beyond which a workload cannot be held (numpy int64 lengths; memory per request).

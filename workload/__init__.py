@@ -1,0 +1,10 @@
+"""Workloads: the request streams both worlds serve, built the same way for each.
+
+A simulation (``sim``) and a measured run (``twinserve run-real``) take their requests from
+here, so a simulated-vs-measured comparison serves the very same stream. The package depends on
+the standard library, numpy, and two leaf modules of the core — ``engine.core.errors`` (bad input
+is a ``UserError``) and ``engine.core.config`` (the typed-field checks every config shares) —
+never on ``sim``, ``engine.worker`` or ``engine.serve``.
+
+Submodules are imported explicitly (``from workload.build import build_workload``).
+"""
