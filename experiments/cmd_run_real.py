@@ -64,7 +64,8 @@ def _run_real(args: argparse.Namespace) -> int:
     from engine.llm import EngineArgs
     from experiments.real_run import run_real
     from experiments.reporting import finish_run, prepare_out_dir, report_options
-    from workload.build import WorkloadConfig, build_workload
+    from workload.build import build_workload
+    from workload.config import WorkloadConfig
 
     if args.cpu_threads:
         import torch

@@ -66,7 +66,7 @@ def _profile(args: argparse.Namespace) -> int:
 
 def _workload_config(args: argparse.Namespace, rate: float | None) -> Any:
     from experiments.simconfig_cli import workload_dict_from_args
-    from workload.build import WorkloadConfig
+    from workload.config import WorkloadConfig
 
     values = workload_dict_from_args(args)
     if rate is not None:

@@ -121,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     from experiments.cmd_run_real import engine_config_dict
     from experiments.validation_report import step_time_errors
     from sim.cost.fitted import FittedCostModel
-    from workload.build import WorkloadConfig, build_workload
+    from workload.build import build_workload
+    from workload.config import WorkloadConfig
 
     if args.smoke:
         torch.set_num_threads(1)

@@ -3,7 +3,7 @@
 Before the clock starts the engine serves one short warm-up request (first-call costs of torch
 and the kernels), on a core that is then replaced by a fresh one.
 
-The same workload a simulation would serve (``workload.build``) is turned into token ids
+The same workload a simulation would serve (``workload``) is turned into token ids
 (``synthetic_prompts``: seeded random tokens of the model's vocabulary, with shared prefixes and
 Mooncake prefix identities turned into shared token blocks), sent at their send times (open
 loop) or whenever one of ``max_concurrency`` slots frees (closed loop), and served by an
@@ -29,7 +29,7 @@ import numpy as np
 
 from engine.core.events import EventKind, EventLog
 from engine.core.request import SamplingParams
-from workload.build import Workload
+from workload.stream import Workload
 from workload.traces import MOONCAKE_BLOCK_TOKENS
 
 #: Tokens below this id are left out of synthetic prompts (special tokens live there).

@@ -40,7 +40,9 @@ from engine.core.config import ConfigError
 from engine.core.events import EventKind, EventLog
 from engine.core.outputs import BatchShape
 from sim.cost.fitted import FittedCostModel, ModelGeometry, read_profile_csv
-from workload.build import Workload, WorkloadConfig, build_workload
+from workload.build import build_workload
+from workload.config import WorkloadConfig
+from workload.stream import Workload
 
 Log = Callable[[str], None]
 

@@ -24,7 +24,7 @@ from engine.core.config import (
 from sim.cost.roofline import RooflineParams
 from sim.hardware import GPUSpec, get_gpu
 from sim.models import ModelSpec, get_model
-from workload.build import WorkloadConfig
+from workload.config import WorkloadConfig
 
 #: Upper bound of any one front-end cost or latency (one day): larger values are typos, and
 #: would overflow the simulated clock.

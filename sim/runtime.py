@@ -42,7 +42,8 @@ from sim.cluster import ReplicaView, Router, make_router
 from sim.config import SimConfig, resolve_engine_config
 from sim.replica import STEP_ID_STRIDE, EngineReplica
 from sim.stages import APIServerPool, FrontendTimes
-from workload.build import Workload, build_workload
+from workload.build import build_workload
+from workload.stream import Workload
 
 #: Youngest-generation GC threshold during a run (CPython's default is 700).
 GC_GEN0_THRESHOLD = 20_000

@@ -6,5 +6,17 @@ the standard library, numpy, and two leaf modules of the core — ``engine.core.
 is a ``UserError``) and ``engine.core.config`` (the typed-field checks every config shares) —
 never on ``sim``, ``engine.worker`` or ``engine.serve``.
 
+==============  =======================================================================
+``config``      ``WorkloadConfig``: everything that determines a workload (with its seed)
+``stream``      ``Workload``: a request stream as columns, in send order
+``build``       ``build_workload(cfg)``: the datasets ``random``, ``prefix_repetition``,
+                ``trace``
+``arrivals``    vllm bench's synthetic arrival process
+``lengths``     seeded prompt/output lengths
+``traces``      trace files (Vidur stream CSV, Azure 2023 CSV, Mooncake JSONL) and the
+                shipped ones (``data/traces``)
+``errors``      ``WorkloadError``
+==============  =======================================================================
+
 Submodules are imported explicitly (``from workload.build import build_workload``).
 """

@@ -5,7 +5,8 @@ Three formats: a request-stream CSV ``arrived_at, num_prefill_tokens, num_decode
 and a Mooncake JSONL (``timestamp`` ms, ``input_length``, ``output_length``, ``hash_ids``: one id
 per 512-token block, equal ids = shared prefix). Arrival times are seconds from the first
 request, sorted; every problem is reported as a ``WorkloadError`` naming the file, the row or
-column, and what is expected.
+column, and what is expected. ``TRACES`` names the traces shipped in ``workload/data/traces``
+(sources and licences in ``workload/data/SOURCES.md``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.core.config import is_int, is_number
-from engine.core.errors import UserError
+from workload.errors import WorkloadError
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 TRACES = {
@@ -32,10 +33,6 @@ TRACES = {
 MOONCAKE_BLOCK_TOKENS = 512
 STREAM_COLUMNS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
-
-
-class WorkloadError(UserError):
-    """A workload cannot be built: bad parameters or an unreadable trace file."""
 
 
 # -- traces --------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from reports.tables import build_tables
 from sim.config import FrontendConfig, SimConfig
 from sim.runtime import run_simulation
 from tests.reports.logs import reference_metrics, reference_outputs
-from workload.build import WorkloadConfig
+from workload.config import WorkloadConfig
 
 SCENARIOS: dict[str, SimConfig] = {
     # one API server, 20 ms per request, 80 req/s offered: the front end saturates

@@ -12,7 +12,7 @@ from engine.core.interfaces import StepTime
 from engine.core.outputs import BatchShape
 from sim.config import EngineKnobs, FrontendConfig, SimConfig
 from sim.runtime import SimResult, SimRuntime
-from workload.build import Workload
+from workload.stream import Workload
 
 
 @dataclass(frozen=True)

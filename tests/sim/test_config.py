@@ -11,7 +11,7 @@ from engine.core.config import ConfigError
 from engine.core.errors import UserError
 from experiments.cli import main
 from sim.config import EngineKnobs, SimConfig, kv_capacity, resolve_engine_config
-from workload.build import WorkloadConfig
+from workload.config import WorkloadConfig
 
 
 def test_default_is_vllm_online_serving_on_h100() -> None:

@@ -18,7 +18,7 @@ from sim.config import EngineKnobs, SimConfig
 from sim.replica import EngineReplica
 from sim.runtime import SimResult, SimRuntime, run_simulation
 from tests.sim.helpers import SIMPLE_FRONTEND, LinearCostModel, simulate, workload
-from workload.build import WorkloadConfig
+from workload.config import WorkloadConfig
 
 
 def _log_columns(res: SimResult) -> tuple:

@@ -8,13 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from workload.build import (
-    WorkloadConfig,
-    WorkloadError,
-    build_workload,
-    load_trace,
-    synthetic_send_times,
-)
+from workload.arrivals import synthetic_send_times
+from workload.build import build_workload
+from workload.config import WorkloadConfig
+from workload.errors import WorkloadError
+from workload.traces import load_trace
 
 
 def test_poisson_arrivals_rescaled_to_end_at_n_over_rate() -> None:

@@ -289,7 +289,7 @@ def test_profile_csv_from_the_profiler_reads_back(tmp_path: Path) -> None:
 def test_the_simulator_runs_with_a_fitted_model(tmp_path: Path) -> None:
     from sim.config import SimConfig
     from sim.runtime import make_cost_model, run_simulation
-    from workload.build import WorkloadConfig
+    from workload.config import WorkloadConfig
 
     path = FittedCostModel(GEOMETRY, TRUE, 16).save(tmp_path / "m.fitted.json")
     cfg = SimConfig(cost_model=f"fitted:{path}", num_gpu_blocks=256, max_model_len=1024,

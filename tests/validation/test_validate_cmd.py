@@ -109,7 +109,7 @@ def test_event_log_bundle_round_trip(tiny_model: Path, tmp_path: Path) -> None:
     from engine.llm import EngineArgs
     from experiments import validate as v
     from reports.tables import build_tables
-    from workload.build import WorkloadConfig
+    from workload.config import WorkloadConfig
 
     engine = EngineArgs(model=str(tiny_model), device="cpu", kv_cache_memory=2 << 20).build()
     cfg = WorkloadConfig(num_prompts=5, request_rate=200.0, random_input_len=20,
