@@ -4,8 +4,8 @@ Before the clock starts the engine serves one short warm-up request (first-call 
 and the kernels), on a core that is then replaced by a fresh one.
 
 The same workload a simulation would serve (``workload``) is turned into token ids
-(``synthetic_prompts``: seeded random tokens of the model's vocabulary, with shared prefixes and
-Mooncake prefix identities turned into shared token blocks), sent at their send times (open
+(``workload.prompts``: seeded random tokens of the model's vocabulary, with shared prefixes
+and Mooncake prefix identities turned into shared token blocks), sent at their send times (open
 loop) or whenever one of ``max_concurrency`` slots frees (closed loop), and served by an
 in-process engine loop: the core's ``begin_step``/``finish_step`` with the ``TorchExecutor``,
 async batch queue included (``engine.serve.engine_loop.EngineLoop``). Requests stop at their
@@ -25,45 +25,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
-
 from engine.core.events import EventKind, EventLog
 from engine.core.request import SamplingParams
+from workload.prompts import FIRST_PLAIN_TOKEN, synthetic_prompts
 from workload.stream import Workload
-from workload.traces import MOONCAKE_BLOCK_TOKENS
-
-#: Tokens below this id are left out of synthetic prompts (special tokens live there).
-FIRST_PLAIN_TOKEN = 16
-
-
-def synthetic_prompts(w: Workload, vocab_size: int, seed: int) -> list[list[int]]:
-    """Deterministic token ids with the workload's lengths and prefix structure."""
-    rng = np.random.default_rng(seed)
-    low, high = min(FIRST_PLAIN_TOKEN, vocab_size - 1), vocab_size
-    prefixes: dict[int, np.ndarray] = {}
-    chunks: dict[int, np.ndarray] = {}
-    prompts = []
-    for i in range(len(w)):
-        n = int(w.prompt_lens[i])
-        if w.hash_ids is not None:
-            parts = []
-            for h in w.hash_ids[i]:
-                if h not in chunks:
-                    chunks[h] = rng.integers(low, high, MOONCAKE_BLOCK_TOKENS)
-                parts.append(chunks[h])
-            ids = np.concatenate(parts)[:n] if parts else np.empty(0, dtype=np.int64)
-            if len(ids) < n:
-                ids = np.concatenate([ids, rng.integers(low, high, n - len(ids))])
-        else:
-            pid, plen = int(w.shared_prefix_ids[i]), int(w.shared_prefix_lens[i])
-            head = np.empty(0, dtype=np.int64)
-            if pid >= 0 and plen:
-                if pid not in prefixes:
-                    prefixes[pid] = rng.integers(low, high, plen)
-                head = prefixes[pid][: min(plen, n)]
-            ids = np.concatenate([head, rng.integers(low, high, n - len(head))])
-        prompts.append([int(t) for t in ids])
-    return prompts
 
 
 def warm_up(engine: object) -> None:

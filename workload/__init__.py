@@ -15,6 +15,7 @@ never on ``sim``, ``engine.worker`` or ``engine.serve``.
 ``lengths``     seeded prompt/output lengths
 ``traces``      trace files (Vidur stream CSV, Azure 2023 CSV, Mooncake JSONL) and the
                 shipped ones (``data/traces``)
+``prompts``     seeded token ids with a workload's lengths and shared prefixes (real runs)
 ``errors``      ``WorkloadError``
 ==============  =======================================================================
 
