@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from engine.core.events import EventKind, EventLog
 from engine.core.request import SamplingParams
+from workload.admission import reject_reason
 from workload.prompts import FIRST_PLAIN_TOKEN, synthetic_prompts
 from workload.stream import Workload
 
@@ -101,9 +102,8 @@ def run_real(
             log.record(req_id, EventKind.ARRIVAL, send_s, len(prompt))
             log.record(req_id, EventKind.FRONTEND_START, send_s)
             log.record(req_id, EventKind.TOKENIZED, send_s)
-            if len(prompt) + out_len > max_model_len:
-                reason = (f"prompt ({len(prompt)}) + max_tokens ({out_len}) exceeds "
-                          f"max_model_len ({max_model_len})")
+            reason = reject_reason(len(prompt), out_len, max_model_len)
+            if reason is not None:
                 rejects[req_id] = reason
                 log.record(req_id, EventKind.REJECTED, clock(), reason)
                 done += 1

@@ -42,6 +42,7 @@ from sim.cluster import ReplicaView, Router, make_router
 from sim.config import SimConfig, resolve_engine_config
 from sim.replica import STEP_ID_STRIDE, EngineReplica
 from sim.stages import APIServerPool, FrontendTimes
+from workload.admission import exceeds_max_model_len, reject_reason
 from workload.build import build_workload
 from workload.stream import Workload
 
@@ -242,11 +243,8 @@ class SimRuntime:
         output_len = int(w.output_lens[i])
         log.record(req_id, EventKind.ARRIVAL, send_s, prompt_len)
         self._outstanding += 1
-        if self._rejects(i):
-            reason = (
-                f"prompt ({prompt_len}) + max_tokens ({output_len}) exceeds max_model_len "
-                f"({self._max_model_len})"
-            )
+        reason = reject_reason(prompt_len, output_len, self._max_model_len)
+        if reason is not None:
             self.reject_reasons[req_id] = reason
             self.stats.num_rejected += 1
             back = send_s + 2 * fe.network_latency_s
@@ -294,7 +292,9 @@ class SimRuntime:
 
     def _rejects(self, i: int) -> bool:
         w = self.workload
-        return int(w.prompt_lens[i]) + int(w.output_lens[i]) > self._max_model_len
+        return exceeds_max_model_len(
+            int(w.prompt_lens[i]), int(w.output_lens[i]), self._max_model_len
+        )
 
     def _make_request(
         self, i: int, req_id: str, prompt_len: int, output_len: int, send_s: float

@@ -16,6 +16,7 @@ never on ``sim``, ``engine.worker`` or ``engine.serve``.
 ``traces``      trace files (Vidur stream CSV, Azure 2023 CSV, Mooncake JSONL) and the
                 shipped ones (``data/traces``)
 ``prompts``     seeded token ids with a workload's lengths and shared prefixes (real runs)
+``admission``   the rule that turns a request away before it reaches the engine
 ``errors``      ``WorkloadError``
 ==============  =======================================================================
 
