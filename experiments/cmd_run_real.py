@@ -62,7 +62,7 @@ def _run_real(args: argparse.Namespace) -> int:
     import time
 
     from engine.llm import EngineArgs
-    from experiments.real_run import run_real
+    from engine.serve.real_run import run_real
     from experiments.reporting import finish_run, prepare_out_dir, report_options
     from workload.build import build_workload
     from workload.config import WorkloadConfig

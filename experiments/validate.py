@@ -134,9 +134,9 @@ def profile_engine(
     """Profile, calibrate the loop, fit; writes the three ``ProfileFiles``; the fitted model."""
     import torch
 
+    from engine.serve.real_run import run_real
     from engine.worker.profiler import StepProfiler, speed_probe, write_profile_csv
     from experiments.provenance import provenance
-    from experiments.real_run import run_real
 
     calibration = calibration or CalibrationSpec()
     files = ProfileFiles.of(csv_path)
@@ -397,9 +397,9 @@ def serve_measured(engine: Any, workload_cfg: WorkloadConfig,
     """``run_real`` on ``workload_cfg`` with an already built engine (warms up first),
     between two speed probes; ``speed_drift`` = their mean / ``reference_probe_s`` (the
     profile's): how much slower the machine ran the same fixed steps during this run."""
+    from engine.serve.real_run import run_real
     from engine.worker.profiler import speed_probe
     from experiments.cmd_run_real import real_meta
-    from experiments.real_run import run_real
 
     workload = dataclasses.replace(build_workload(workload_cfg),
                                    extra={"seed": workload_cfg.seed})
@@ -564,7 +564,7 @@ def measure_capacity_rps(engine: Any, workload_cfg: WorkloadConfig, *,
     ``rounds`` × (the most requests the engine runs at once) requests sent at t = 0 (a seed of
     its own); completions per second between the 20th and the 80th percentile completion,
     where the batch is full. Loads defined against it do not depend on the model under test."""
-    from experiments.real_run import run_real
+    from engine.serve.real_run import run_real
 
     sched = engine.engine_config.scheduler
     cache = engine.engine_config.cache

@@ -75,7 +75,7 @@ RULES: dict[str, Rule] = {
 }
 
 #: The real world's driver of a workload (``twinserve run-real``).
-REAL_RUN_DRIVER = "experiments/real_run.py"
+REAL_RUN_DRIVER = "engine/serve/real_run.py"
 
 #: Packages only some packages may import (beyond the package itself).
 IMPORTED_ONLY_BY: dict[str, tuple[str, ...]] = {"bench": ("tests",)}

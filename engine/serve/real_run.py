@@ -1,4 +1,8 @@
-"""``twinserve run-real``: replay a workload's arrivals in wall-clock time into the real engine.
+"""The real-run driver: replay a workload's arrivals in wall-clock time into the real engine.
+
+What ``twinserve run-real`` and the simulator's validation measure. It sits beside
+``engine_loop.py``, whose ``EngineLoop`` it drives, and takes its requests from ``workload``,
+the package the simulator takes them from too.
 
 Before the clock starts the engine serves one short warm-up request (first-call costs of torch
 and the kernels), on a core that is then replaced by a fresh one.
@@ -25,20 +29,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from engine.core.engine_core import EngineCore
 from engine.core.events import EventKind, EventLog
 from engine.core.request import SamplingParams
+from engine.llm import RealEngine
+from engine.serve.engine_loop import EngineLoop
+from engine.serve.output_processor import OutputProcessor
 from workload.admission import reject_reason
 from workload.prompts import FIRST_PLAIN_TOKEN, synthetic_prompts
 from workload.stream import Workload
 
 
-def warm_up(engine: object) -> None:
+def warm_up(engine: RealEngine) -> None:
     """Serve one short request, then give the engine a fresh core (and event log)."""
-    from engine.core.engine_core import EngineCore
-    from engine.llm import RealEngine
-    from engine.serve.engine_loop import EngineLoop
-
-    assert isinstance(engine, RealEngine)
     n = min(32, engine.engine_config.scheduler.max_model_len - 4)
     params = SamplingParams(max_tokens=2, ignore_eos=True, temperature=0.0)
     request = engine.make_request("warm-up", [FIRST_PLAIN_TOKEN] * n, params, arrival_time=0.0)
@@ -52,25 +55,22 @@ def warm_up(engine: object) -> None:
 
 @dataclass(slots=True)
 class RealRunResult:
+    """What a measured run produced: its event log and how it went."""
+
     event_log: EventLog
-    wall_time_s: float
-    num_rejected: int
-    reject_reasons: dict[str, str]
+    wall_time_s: float  # the run's span on its clock (0 = first send) until the last delivery
+    num_rejected: int  # requests refused by the admission rule
+    reject_reasons: dict[str, str]  # req_id -> why it was refused
 
 
 def run_real(
-    engine: object,
+    engine: RealEngine,
     workload: Workload,
     *,
     seed: int = 0,
     progress: Callable[[int, int, float], None] | None = None,
 ) -> RealRunResult:
-    """Serve ``workload`` with ``engine`` (an ``engine.llm.RealEngine``) in wall-clock time."""
-    from engine.llm import RealEngine
-    from engine.serve.engine_loop import EngineLoop
-    from engine.serve.output_processor import OutputProcessor
-
-    assert isinstance(engine, RealEngine)
+    """Serve ``workload`` with ``engine`` in wall-clock time."""
     warm_up(engine)
     core, log = engine.core, engine.core.event_log
     prompts = synthetic_prompts(workload, engine.model_config.vocab_size, seed)
