@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from engine.core.errors import UserError
 from experiments.simconfig_cli import add_sim_flags, config_dict_from_args, load_experiment_file
 
 
@@ -84,7 +85,7 @@ def _simulate(args: argparse.Namespace) -> int:
     options = report_options(args)  # parsed now: a bad flag fails before the run
     out_dir = prepare_out_dir(Path(args.out) if args.out else default_out_dir())
     progress = args.progress if args.progress is not None else sys.stderr.isatty()
-    from experiments.report_process import ReportProcess
+    from reports.report_process import ReportProcess
 
     reporter = ReportProcess.start()  # imports the report stack while the simulation runs
     try:
@@ -98,9 +99,14 @@ def _simulate(args: argparse.Namespace) -> int:
     del result  # the log is all the report needs: free the rest before rendering it
     written = None
     if reporter is not None:
-        written = reporter.write(
-            log, meta, out_dir, options, plots=not args.no_plots, file_format=args.format
-        )
+        from reports.errors import ReportError
+
+        try:
+            written = reporter.write(
+                log, meta, out_dir, options, plots=not args.no_plots, file_format=args.format
+            )
+        except ReportError as exc:
+            raise UserError(str(exc)) from None
     if written is not None:
         print_summary(*written, out_dir)
         return 0

@@ -12,7 +12,10 @@ It is an optimisation only, so it steps aside whenever it would not help or migh
 (a test session, a sweep), or with ``TWINSERVE_REPORT_PROCESS=0``; ``write`` returns None —
 the caller then writes in-process — for logs too large to copy cheaply, or if the process
 died or failed for any reason other than a report error (which it raises as the in-process
-path would: ``UserError``).
+path would: ``ReportError``).
+
+Starting it imports nothing of the report stack here: the process imports it, so a run that
+forks it early keeps its own start light.
 """
 
 from __future__ import annotations
@@ -26,8 +29,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from engine.core.errors import UserError
 from engine.core.events import EventLog
+from reports.errors import ReportError
 
 #: Logs with more steps than this are written in-process (copying one to the report process
 #: would briefly double the memory a long run holds).
@@ -70,7 +73,7 @@ class ReportProcess:
     ) -> tuple[dict[str, Any], str] | None:
         """Have the process write ``out_dir``; returns (summary, printed summary), or None if
         the caller should write it in-process instead. A report error is raised as
-        ``UserError``."""
+        ``ReportError``."""
         try:
             if log.num_steps > MAX_STEPS_SENT:
                 return None
@@ -82,7 +85,7 @@ class ReportProcess:
         finally:
             self.close()
         if status == "report-error":
-            raise UserError(value)
+            raise ReportError(value)
         if status != "ok":
             return None  # it failed: the in-process path shows the same failure, in full
         summary, text = value

@@ -1,4 +1,4 @@
-"""The report process (``experiments/report_process.py``) writes the very run directory the
+"""The report process (``reports/report_process.py``) writes the very run directory the
 in-process path writes, reports its errors the same way, and steps aside when it should."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from engine.core.errors import UserError
-from experiments.report_process import ReportProcess, _serve
+from reports.errors import ReportError
+from reports.report_process import ReportProcess, _serve
 from sim.config import SimConfig
 from sim.runtime import run_simulation
 
@@ -98,9 +98,9 @@ def test_it_returns_the_summary_and_its_printed_form(small_run: Any, tmp_path: P
     assert (tmp_path / "requests.csv").exists() and (tmp_path / "summary.json").exists()
 
 
-def test_a_report_error_is_a_user_error(small_run: Any, tmp_path: Path) -> None:
+def test_a_report_error_is_raised_as_in_process(small_run: Any, tmp_path: Path) -> None:
     bad = {**OPTIONS, "goodput": {"nonsense": 1.0}}
-    with pytest.raises(UserError, match="nonsense"):
+    with pytest.raises(ReportError, match="nonsense"):
         _reporter().write(small_run.event_log, {"kind": "simulated"}, tmp_path, bad,
                           plots=False, file_format="csv")
 
