@@ -60,6 +60,15 @@ class RooflineParams:
             )
 
 
+def ring_allreduce_s(
+    nbytes: float, world_size: int, link_bw_bytes_s: float, efficiency: float, latency_s: float
+) -> float:
+    """A ring all-reduce of ``nbytes`` per GPU over ``world_size`` GPUs:
+    ``2(t-1)/t · bytes / (link bandwidth · ε) + L`` (public: the calibration fits ε and L)."""
+    t = world_size
+    return 2.0 * (t - 1) / t * nbytes / (link_bw_bytes_s * efficiency) + latency_s
+
+
 class RooflineCostModel:
     """``CostModel`` for one model on ``tensor_parallel_size`` GPUs of one kind."""
 
@@ -108,14 +117,28 @@ class RooflineCostModel:
         self._lm_head_memo: dict[int, float] = {}
         self._comm_memo: dict[int, float] = {}
 
+    # -- the work a step does (public: the calibration fits the roofs on these counts) ----------
+    @property
+    def layer_gemm_shapes(self) -> tuple[tuple[float, float], ...]:
+        """(in_features, out_features) per TP rank of a layer's GEMMs: QKV, O, gate+up, down."""
+        return self._gemms
+
+    def gemm_flops(self, tokens: float, k: float, n: float) -> float:
+        """FLOPs of a ``tokens × k`` by ``k × n`` product."""
+        return 2.0 * tokens * k * n
+
+    def gemm_bytes(self, tokens: float, k: float, n: float, num_copies: float = 1.0) -> float:
+        """Bytes it moves: ``num_copies`` weight matrices read once, activations in and out."""
+        w, a = self._weight_bytes, self.params.activation_bytes
+        return num_copies * k * n * w + tokens * (k + n) * a
+
     # -- pieces ---------------------------------------------------------------------------------
     def _gemm_time(self, tokens: float, k: float, n: float, num_copies: float = 1.0) -> float:
         """One GEMM of ``tokens × k`` by ``k × n`` (``num_copies`` weight matrices read)."""
         if tokens <= 0:
             return 0.0
-        w, a = self._weight_bytes, self.params.activation_bytes
-        flops = 2.0 * tokens * k * n
-        bytes_ = num_copies * k * n * w + tokens * (k + n) * a
+        flops = self.gemm_flops(tokens, k, n)
+        bytes_ = self.gemm_bytes(tokens, k, n, num_copies)
         return max(flops / self._flops_s, bytes_ / self._bw) + self.params.kernel_floor_s
 
     def _linear_layer_time(self, tokens: int) -> float:
@@ -160,8 +183,9 @@ class RooflineCostModel:
             return 0.0
         nbytes = tokens * self.model.hidden_size * self.params.activation_bytes
         gpu = self.gpu
-        ring = 2.0 * (tp - 1) / tp * nbytes / (gpu.link_bw_bytes_s * gpu.allreduce_efficiency)
-        return ring + gpu.allreduce_latency_s
+        return ring_allreduce_s(
+            nbytes, tp, gpu.link_bw_bytes_s, gpu.allreduce_efficiency, gpu.allreduce_latency_s
+        )
 
     # -- the protocol ---------------------------------------------------------------------------
     def step_time(self, shape: BatchShape) -> StepTime:
