@@ -2,7 +2,7 @@
 
 Peaks are dense (no sparsity) datasheet values (COST_MODEL.md §3). Efficiencies (fractions of a
 peak a real kernel reaches) are calibrated on measured operator times — the Vidur project's MLP
-profiles (``sim/data/profiles``) — by ``experiments/calibrate_roofline.py``; see
+profiles (``sim/data/profiles``) — by ``sim/cost/calibrate_roofline.py``; see
 ``docs/cost_model.md`` for the fit and its error. GPUs without measured data inherit the
 efficiencies of the closest calibrated generation, which the ``efficiency_source`` field says.
 """
@@ -55,7 +55,7 @@ class GPUSpec:
         return self.nvlink_gbps * 1e9 / 2
 
 
-# Efficiencies: fitted by experiments/calibrate_roofline.py on shared/data/profiles/vidur
+# Efficiencies: fitted by sim/cost/calibrate_roofline.py on shared/data/profiles/vidur
 # (copied to sim/data/profiles); the H200 shares the H100's compute die and takes its values.
 GPUS: dict[str, GPUSpec] = {
     g.name: g

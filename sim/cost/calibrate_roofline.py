@@ -7,19 +7,21 @@ parallel degree, for several models on H100 and A100, and NCCL all-reduce times 
 and world size on DGX H100 and DGX A100 (NVSwitch) nodes.
 
 GEMMs: per GPU, ``compute_efficiency`` εc, ``memory_efficiency`` εm and ``kernel_floor_s`` of
-``RooflineCostModel._gemm_time``, i.e. ``max(FLOPs / (peak·εc), bytes / (bw·εm)) + floor``, are fit
-by least squares on ``log(predicted / measured)`` (relative error) over every GEMM row of that
-GPU except one held-out model (``internlm/internlm-20b``: a shape no fitted model has). The FLOP
-and byte counts are read off ``RooflineCostModel._gemm_time`` itself (with the other roof made
-infinitely fast), so the fit uses exactly the simulator's formulas. The catalog takes εc and εm
-from a joint fit in which both GPUs share one floor (``RooflineParams.kernel_floor_s`` is one
-number); the per-GPU free-floor fit is printed beside it.
+the roofline's GEMM time ``max(FLOPs / (peak·εc), bytes / (bw·εm)) + floor`` are fit by least
+squares on ``log(predicted / measured)`` (relative error) over every GEMM row of that GPU except
+one held-out model (``internlm/internlm-20b``: a shape no fitted model has). The FLOP and byte
+counts come from the cost model's own public hooks (``RooflineCostModel.gemm_flops`` /
+``gemm_bytes`` on ``layer_gemm_shapes``), so the fit uses exactly the simulator's formulas. The
+catalog takes εc and εm from a joint fit in which both GPUs share one floor
+(``RooflineParams.kernel_floor_s`` is one number); the per-GPU free-floor fit is printed beside
+it.
 
 All-reduce: per GPU, ``allreduce_latency_s`` L and ``allreduce_efficiency`` ε of the ring model
-``2(t-1)/t · bytes / (nvlink_gbps/2 · ε) + L`` (``RooflineCostModel._allreduce_time``) are fit the
-same way on single-node rows of world sizes 2 and 8; world size 4 is held out.
+``2(t-1)/t · bytes / (nvlink_gbps/2 · ε) + L`` (``sim.cost.roofline.ring_allreduce_s``) are fit
+the same way on single-node rows of world sizes 2 and 8; world size 4 is held out.
 
-Usage: python experiments/calibrate_roofline.py [--data DIR] [--write-docs]
+It lives beside the model it fits and imports only it, the catalogs, numpy and the standard
+library. Usage: python -m sim.cost.calibrate_roofline [--data DIR] [--write-docs]
 (``--write-docs`` regenerates docs/cost_model.md from this run.)
 """
 
@@ -28,22 +30,19 @@ from __future__ import annotations
 import argparse
 import csv
 import math
-import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as a script from anywhere
-    sys.path.insert(0, str(ROOT))
+from sim.cost.roofline import RooflineCostModel, RooflineParams, ring_allreduce_s
+from sim.hardware import GPUS, GPUSpec, get_gpu
+from sim.models import ModelSpec
 
-from sim.cost.roofline import RooflineCostModel, RooflineParams  # noqa: E402
-from sim.hardware import GPUS, GPUSpec, get_gpu  # noqa: E402
-from sim.models import ModelSpec  # noqa: E402
-
+ROOT = Path(__file__).resolve().parents[2]
 DATA_DIR = ROOT / "sim" / "data" / "profiles" / "vidur"
 DOCS_PATH = ROOT / "docs" / "cost_model.md"
 
@@ -51,7 +50,7 @@ DOCS_PATH = ROOT / "docs" / "cost_model.md"
 CATALOG_GPU = {"h100": "h100-sxm", "a100": "a100-80gb"}
 #: Profile GPU directory -> network system whose all-reduce rows calibrate it (NVSwitch nodes).
 ALLREDUCE_SYSTEM = {"h100": "h100_dgx", "a100": "a100_dgx"}
-#: The four GEMMs of a block, in ``RooflineCostModel._gemms`` order.
+#: The four GEMMs of a block, in ``RooflineCostModel.layer_gemm_shapes`` order.
 GEMM_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
 HELD_OUT_MODEL = "internlm/internlm-20b"
 HELD_OUT_WORLD_SIZE = 4
@@ -86,7 +85,8 @@ class GemmRows:
 
     @property
     def held_out(self) -> np.ndarray:
-        return self.model == HELD_OUT_MODEL
+        held: np.ndarray = self.model == HELD_OUT_MODEL
+        return held
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,8 @@ class AllReduceRows:
 
     @property
     def held_out(self) -> np.ndarray:
-        return self.world == HELD_OUT_WORLD_SIZE
+        held: np.ndarray = self.world == HELD_OUT_WORLD_SIZE
+        return held
 
 
 def block_spec(name: str, row: dict[str, str]) -> ModelSpec:
@@ -119,9 +120,9 @@ def block_spec(name: str, row: dict[str, str]) -> ModelSpec:
 
 
 def gemm_shapes(model: RooflineCostModel, row: dict[str, str]) -> list[tuple[float, float]]:
-    """(k, n) of the GEMM_OPS for a profile row: the roofline's ``_gemms``, except that a
-    non-gated MLP's up projection has no gate half."""
-    shapes = list(model._gemms)
+    """(k, n) of the GEMM_OPS for a profile row: the roofline's ``layer_gemm_shapes``, except
+    that a non-gated MLP's up projection has no gate half."""
+    shapes = list(model.layer_gemm_shapes)
     if row["use_gated_mlp"] != "True":
         shapes[2] = (shapes[2][0], shapes[2][1] / 2)
     return shapes
@@ -130,33 +131,27 @@ def gemm_shapes(model: RooflineCostModel, row: dict[str, str]) -> list[tuple[flo
 def load_gemm_rows(gpu_dir: str, data_dir: Path = DATA_DIR) -> GemmRows:
     """Every GEMM row of ``compute/<gpu_dir>/*/*/mlp.csv``, FLOPs and bytes from the roofline."""
     gpu = get_gpu(CATALOG_GPU[gpu_dir])
-    # One roof at a time: infinite bandwidth leaves FLOPs / peak, infinite FLOP/s bytes / bw.
-    compute_only = replace(gpu, memory_bw_tbps=math.inf, compute_efficiency=1.0)
-    memory_only = replace(gpu, bf16_tflops=math.inf, memory_efficiency=1.0)
-    no_floor = RooflineParams(kernel_floor_s=0.0)
-    cols: dict[str, list] = {k: [] for k in ("model", "op", "tp", "tokens", "f", "b", "y")}
+    cols: dict[str, list[Any]] = {k: [] for k in ("model", "op", "tp", "tokens", "f", "b", "y")}
     paths = sorted((data_dir / "compute" / gpu_dir).glob("*/*/mlp.csv"))
     if not paths:
         raise FileNotFoundError(f"no mlp.csv under {data_dir / 'compute' / gpu_dir}")
     for path in paths:
         name = f"{path.parent.parent.name}/{path.parent.name}"
-        models: dict[int, tuple[RooflineCostModel, RooflineCostModel, list]] = {}
+        models: dict[int, tuple[RooflineCostModel, list[tuple[float, float]]]] = {}
         with path.open(newline="") as fh:
             for row in csv.DictReader(fh):
                 tp, tokens = int(row["num_tensor_parallel_workers"]), int(row["num_tokens"])
                 if tp not in models:
-                    spec = block_spec(name, row)
-                    by_flops = RooflineCostModel(spec, compute_only, tp, no_floor)
-                    by_bytes = RooflineCostModel(spec, memory_only, tp, no_floor)
-                    models[tp] = (by_flops, by_bytes, gemm_shapes(by_flops, row))
-                by_flops, by_bytes, shapes = models[tp]
+                    model = RooflineCostModel(block_spec(name, row), gpu, tp)
+                    models[tp] = (model, gemm_shapes(model, row))
+                model, shapes = models[tp]
                 for op, (k, n) in zip(GEMM_OPS, shapes, strict=True):
                     cols["model"].append(name)
                     cols["op"].append(op)
                     cols["tp"].append(tp)
                     cols["tokens"].append(tokens)
-                    cols["f"].append(by_flops._gemm_time(tokens, k, n) * gpu.peak_flops)
-                    cols["b"].append(by_bytes._gemm_time(tokens, k, n) * gpu.memory_bw_bytes_s)
+                    cols["f"].append(model.gemm_flops(tokens, k, n))
+                    cols["b"].append(model.gemm_bytes(tokens, k, n))
                     cols["y"].append(float(row[f"time_stats.{op}.median"]) * 1e-3)  # ms -> s
     return GemmRows(
         gpu_dir, np.array(cols["model"]), np.array(cols["op"]), np.array(cols["tp"]),
@@ -167,7 +162,6 @@ def load_gemm_rows(gpu_dir: str, data_dir: Path = DATA_DIR) -> GemmRows:
 def load_allreduce_rows(gpu_dir: str, data_dir: Path = DATA_DIR) -> AllReduceRows:
     """Single-node all-reduce rows of ``network/<system>/all_reduce.csv`` (NVLink/NVSwitch only)."""
     gpu = get_gpu(CATALOG_GPU[gpu_dir])
-    unit = replace(gpu, allreduce_efficiency=1.0, allreduce_latency_s=0.0)
     path = data_dir / "network" / ALLREDUCE_SYSTEM[gpu_dir] / "all_reduce.csv"
     world, size, ring, measured = [], [], [], []
     with path.open(newline="") as fh:
@@ -175,12 +169,9 @@ def load_allreduce_rows(gpu_dir: str, data_dir: Path = DATA_DIR) -> AllReduceRow
             t, nbytes = int(row["num_workers"]), int(row["size"])
             if t != int(row["devices_per_node"]) or t == 1:
                 continue  # spans nodes (InfiniBand), not the NVLink ring the roofline models
-            # _allreduce_time(1 token) of a "model" whose hidden size makes T·h·2 bytes = nbytes.
-            spec = ModelSpec("allreduce", 1, nbytes // 2, 8, 8, 128, 1, 1, 1)
-            model = RooflineCostModel(spec, unit, t)
             world.append(t)
             size.append(nbytes)
-            ring.append(model._allreduce_time(1))
+            ring.append(ring_allreduce_s(nbytes, t, gpu.link_bw_bytes_s, 1.0, 0.0))  # ε 1, L 0
             measured.append(float(row["time_stats.all_reduce.median"]) * 1e-3)
     return AllReduceRows(gpu_dir, np.array(world), np.array(size), np.array(ring),
                          np.array(measured))
@@ -232,7 +223,7 @@ class GemmParams:
 
 
 def predict_gemm(rows: GemmRows, gpu: GPUSpec, p: GemmParams) -> np.ndarray:
-    """``RooflineCostModel._gemm_time`` for every row, vectorised."""
+    """The roofline's GEMM time (``RooflineCostModel._gemm_time``) for every row, vectorised."""
     return np.maximum(
         rows.flops / (gpu.peak_flops * p.compute_efficiency),
         rows.bytes / (gpu.memory_bw_bytes_s * p.memory_efficiency),
@@ -308,7 +299,8 @@ def fit_allreduce(rows: AllReduceRows) -> AllReduceParams:
 # -- the calibration -----------------------------------------------------------------------------
 def rel_errors(predicted: np.ndarray, measured: np.ndarray) -> np.ndarray:
     """Signed relative error ``predicted / measured - 1``."""
-    return predicted / measured - 1.0
+    errors: np.ndarray = predicted / measured - 1.0
+    return errors
 
 
 def summary(err: np.ndarray) -> tuple[int, float, float]:
@@ -602,7 +594,7 @@ def render(cals: Sequence[GpuCalibration], data_dir: Path = DATA_DIR) -> str:
     lines = [
         "# Roofline cost model",
         "",
-        "<!-- Generated by `python experiments/calibrate_roofline.py --write-docs`; edit the",
+        "<!-- Generated by `python -m sim.cost.calibrate_roofline --write-docs`; edit the",
         "template in that script, not this file. -->",
         "",
         "`sim/cost/roofline.py` (`RooflineCostModel`) estimates how long one engine step takes",
@@ -620,7 +612,7 @@ def render(cals: Sequence[GpuCalibration], data_dir: Path = DATA_DIR) -> str:
         "",
         "    step = L · (linear + attention + 2 · all_reduce) + lm_head + overhead",
         "",
-        "**GEMM** (`_gemm_time`): a T×k by k×n product whose weights are read once:",
+        "**GEMM** (`gemm_flops`, `gemm_bytes`): a T×k by k×n product whose weights are read once:",
         "",
         "    FLOPs = 2·T·k·n      bytes = k·n·w + T·(k + n)·a",
         "    time  = max(FLOPs / (P·εc), bytes / (B·εm)) + floor",
@@ -693,10 +685,10 @@ def render(cals: Sequence[GpuCalibration], data_dir: Path = DATA_DIR) -> str:
         "",
         "## 4. Method",
         "",
-        "`experiments/calibrate_roofline.py` reads the FLOP and byte counts of every GEMM row off",
-        "`RooflineCostModel._gemm_time` itself (built on a one-layer `ModelSpec` with the row's",
-        "dimensions, once with infinite bandwidth and once with infinite FLOP/s), so the fit uses",
-        "exactly the simulator's formulas. It minimises the mean squared log error",
+        "`sim/cost/calibrate_roofline.py` takes the FLOP and byte counts of every GEMM row from",
+        "`RooflineCostModel.gemm_flops` and `gemm_bytes` (on a one-layer `ModelSpec` with the",
+        "row's dimensions), the functions the simulator's GEMM time divides by the two roofs, so",
+        "the fit uses exactly the simulator's formulas. It minimises the mean squared log error",
         "mean((log predicted − log measured)²), i.e. relative error, with Nelder–Mead over",
         "(ln εc, ln εm, floor) (numpy only; the optimum was checked against a 0.01 × 0.01 × 0.5 µs",
         "grid). All GEMM ops, models, token counts and TP degrees of a GPU count equally.",
@@ -715,7 +707,7 @@ def render(cals: Sequence[GpuCalibration], data_dir: Path = DATA_DIR) -> str:
         "All-reduce: per GPU, Lar and εar of the ring formula are fitted the same way (log",
         "error, Nelder–Mead) on the single-node DGX rows of world sizes 2 and 8; world size",
         f"{HELD_OUT_WORLD_SIZE} is held out. The ring term is computed by",
-        "`RooflineCostModel._allreduce_time`.",
+        "`sim.cost.roofline.ring_allreduce_s`, the simulator's own.",
         "",
         f"Rounding: efficiencies to {ROUND_EFFICIENCY} decimals, the floor to"
         f" {10.0 ** -ROUND_FLOOR_US:g} µs, the all-reduce latency to {10.0 ** -ROUND_LATENCY_US:g}"
@@ -773,8 +765,8 @@ def render(cals: Sequence[GpuCalibration], data_dir: Path = DATA_DIR) -> str:
         "",
         "## 7. Rerunning the calibration",
         "",
-        "    .venv/bin/python experiments/calibrate_roofline.py               # print the tables",
-        "    .venv/bin/python experiments/calibrate_roofline.py --write-docs  # and this file",
+        "    .venv/bin/python -m sim.cost.calibrate_roofline               # print the tables",
+        "    .venv/bin/python -m sim.cost.calibrate_roofline --write-docs  # and this file",
         "",
         "It runs in a few seconds on two CPU cores. If the fitted (rounded) constants differ from",
         "the catalog, the constants table says `NO`: copy the fitted values into",
@@ -786,7 +778,7 @@ def render(cals: Sequence[GpuCalibration], data_dir: Path = DATA_DIR) -> str:
     return "\n".join(lines)
 
 
-def _observations(by: dict[str, GpuCalibration], share_rows: list, cals: Sequence[
+def _observations(by: dict[str, GpuCalibration], share_rows: list[list[str]], cals: Sequence[
     GpuCalibration
 ]) -> list[str]:
     out = []
