@@ -148,7 +148,8 @@ def _compare_one(runs: Sequence[Any], fitted: Path, target: Path, args: argparse
 
 
 def _validate_reused(args: argparse.Namespace, out: Path) -> int:
-    """Measured runs from elsewhere: bundle JSON files (gpu_validate.py) or run directories."""
+    """Measured runs from elsewhere: bundle JSON files (``bench/gpu_validate.py``) or run
+    directories."""
     from experiments import validate as v
 
     src = Path(args.reuse_measured)

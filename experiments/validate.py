@@ -19,7 +19,7 @@ The pieces, each usable alone:
   ``validation.md``.
 
 A measured run can also arrive as one *bundle* JSON (``write_bundle``: meta, event log, step
-shapes) — what ``experiments/gpu_validate.py`` saves on a GPU machine without the simulator.
+shapes) — what ``bench/gpu_validate.py`` saves on a GPU machine without the simulator.
 """
 
 from __future__ import annotations

@@ -126,7 +126,7 @@ def test_event_log_bundle_round_trip(tiny_model: Path, tmp_path: Path) -> None:
 
 
 def test_gpu_script_smoke_mode(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from experiments.gpu_validate import main as gpu_main
+    from bench.gpu_validate import main as gpu_main
 
     assert gpu_main(["--smoke", "--out", str(tmp_path), "--num-prompts", "4",
                      "--loads", "0.2,0.8"]) == 0

@@ -1,6 +1,6 @@
 """Benchmark: the whole ``twinserve simulate … --no-plots`` command on reference workloads.
 
-* ``vidur-stream`` — the request stream ``experiments/bench/vidur_stream_conv_qps0.75_n10000.csv``
+* ``vidur-stream`` — the request stream ``bench/data/vidur_stream_conv_qps0.75_n10000.csv``
   (arrivals and lengths of 10,000 Azure-conversation requests) on Llama-2-70B, TP 2, A100 80GB,
   token budget 512, max_num_seqs 128 (Vidur simulated this very stream in ≈40 s on this machine).
 * ``million`` — 1,000,000 requests with Azure-conversation lengths at 20 req/s on Llama-3.1-8B,
@@ -12,7 +12,8 @@ in any user's shell) and prints wall time, simulated requests and engine steps p
 the fraction of steps applied by the exact bulk path, the peak RSS of the command's processes,
 and how many modules ran compiled (``twinserve compile``; 0 = the Python sources).
 
-Usage: python experiments/bench_simulator.py [vidur-stream] [million] [--repeat N]
+Usage: python -m bench.simulator [vidur-stream] [million] [--repeat N] [--num-prompts N]
+(``--num-prompts`` shortens a case, for a quick check; the figures quoted are of full cases.)
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+VIDUR_STREAM = Path(__file__).resolve().parent / "data" / "vidur_stream_conv_qps0.75_n10000.csv"
 
 CASES: dict[str, list[str]] = {
     "vidur-stream": [
@@ -35,7 +37,7 @@ CASES: dict[str, list[str]] = {
         "--tensor-parallel-size", "2",
         "--max-num-batched-tokens", "512", "--max-num-seqs", "128",
         "--dataset-name", "trace",
-        "--dataset-path", str(ROOT / "experiments/bench/vidur_stream_conv_qps0.75_n10000.csv"),
+        "--dataset-path", str(VIDUR_STREAM),
         "--num-prompts", "10000",
     ],
     "million": [
@@ -64,11 +66,13 @@ def warm_up() -> None:
         )
 
 
-def run_case(name: str) -> dict[str, float]:
+def run_case(name: str, num_prompts: int | None = None) -> dict[str, float]:
+    """Run case ``name`` (shortened to ``num_prompts`` requests if given) and measure it."""
+    shorter = ["--num-prompts", str(num_prompts)] if num_prompts is not None else []
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
         cmd = [sys.executable, "-m", "experiments.cli", "simulate", "--no-plots",
-               "--no-progress", "--out", str(out), *CASES[name]]
+               "--no-progress", "--out", str(out), *CASES[name], *shorter]
         before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True)
@@ -90,12 +94,13 @@ def run_case(name: str) -> dict[str, float]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("cases", nargs="*", metavar="CASE",
                         help=f"{' and/or '.join(CASES)} (default: vidur-stream)")
     parser.add_argument("--repeat", type=int, default=1)
-    args = parser.parse_args()
+    parser.add_argument("--num-prompts", type=int, help="shorten each case to N requests")
+    args = parser.parse_args(argv)
     unknown = [c for c in args.cases if c not in CASES]
     if unknown:
         parser.error(f"unknown case {unknown[0]!r}; valid: {', '.join(CASES)}")
@@ -106,12 +111,13 @@ def main() -> None:
           f"{'bulk':>5} {'steps':>9} {'simulated s':>12} {'peak RSS MB':>11} {'compiled':>8}")
     for name in args.cases:
         for _ in range(args.repeat):
-            r = run_case(name)
+            r = run_case(name, args.num_prompts)
             print(f"{name:<14} {r['wall_s']:>7.2f} {r['sim_wall_s']:>10.2f} "
                   f"{r['requests'] / r['wall_s']:>9.0f} {r['steps'] / r['wall_s']:>10.0f} "
                   f"{r['bulk_share']:>5.0%} {r['steps']:>9.0f} {r['simulated_s']:>12.0f} "
                   f"{r['peak_rss_mb']:>11.0f} {r['compiled_modules']:>8}", flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -7,7 +7,7 @@ SCHEDULED event), KV usage and queue lengths that follow the number of running r
 times ``build_tables``, ``summarize``, each plot and ``write_tables`` (parquet), printing wall
 time and the process's peak RSS after each phase.
 
-Usage: python experiments/bench_reports.py [--num-requests 1000000] [--rate 200] [--csv]
+Usage: python -m bench.reports [--num-requests 1000000] [--rate 200] [--csv]
 """
 
 from __future__ import annotations

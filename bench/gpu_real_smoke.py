@@ -2,9 +2,9 @@
 
 Usage (repository root)::
 
-    python experiments/gpu_real_smoke.py                 # CUDA: 8B shape, bf16, Triton
-    python experiments/gpu_real_smoke.py --smoke         # CPU: tiny model, Triton interpreter
-    python experiments/gpu_real_smoke.py --json-out rows.json
+    python -m bench.gpu_real_smoke                 # CUDA: 8B shape, bf16, Triton
+    python -m bench.gpu_real_smoke --smoke         # CPU: tiny model, Triton interpreter
+    python -m bench.gpu_real_smoke --json-out rows.json
 
 What it does, in order (about 2–3 minutes on an H200, well under 5):
 
@@ -37,8 +37,6 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 LLAMA_31_8B: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,

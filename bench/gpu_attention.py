@@ -2,11 +2,11 @@
 
 Run on an H200 (torch 2.11, triton 3.6, Python 3.12, no network, no twinserve install)::
 
-    python experiments/gpu_bench_attention.py [--out results.json] [--budget-s 240]
+    python -m bench.gpu_attention [--out results.json] [--budget-s 240]
 
 or anywhere, in seconds, on tiny shapes with the Triton interpreter on the CPU::
 
-    python experiments/gpu_bench_attention.py --smoke
+    python -m bench.gpu_attention --smoke
 
 Steps, printed as they finish: (1) device copy bandwidth (read + write bytes); (2) a correctness
 gate — random mixed and decode batches in bf16/fp16/fp32, forced split counts and the unified
@@ -37,19 +37,15 @@ from pathlib import Path
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
 # Importing ``kernels`` does not import its Triton modules (they load at the first launch), so
 # ``--smoke`` can still switch the interpreter on in ``main``.
-from kernels import (  # noqa: E402
+from kernels import (
     attention_tolerance,
     paged_attention,
     paged_attention_reference,
     plan_for,
 )
-from kernels.benchmarking import (  # noqa: E402
+from kernels.benchmarking import (
     Timer,
     attention_bytes,
     attention_flops,
@@ -57,9 +53,9 @@ from kernels.benchmarking import (  # noqa: E402
     sdpa_baseline,
     speedup,
 )
-from kernels.paged_batch import BatchSpec, PagedBatch, make_paged_batch  # noqa: E402
-from kernels.selection import TileConfig  # noqa: E402
-from kernels.validation import validate_attention_inputs  # noqa: E402
+from kernels.paged_batch import BatchSpec, PagedBatch, make_paged_batch
+from kernels.selection import TileConfig
+from kernels.validation import validate_attention_inputs
 
 SEED = 0
 Case = tuple[str, tuple[int, ...], tuple[int, ...]]  # (name, query_lens, context_lens)

@@ -2,8 +2,8 @@
 
 Usage (repository root)::
 
-    python experiments/gpu_validate.py                   # CUDA: Llama-3.1-8B shape, bf16, dummy
-    python experiments/gpu_validate.py --smoke           # CPU: tiny model, seconds (CI check)
+    python -m bench.gpu_validate                   # CUDA: Llama-3.1-8B shape, bf16, dummy
+    python -m bench.gpu_validate --smoke           # CPU: tiny model, seconds (CI check)
     twinserve validate --reuse-measured OUT --out OUT/validation   # later, where simpy is
 
 The GPU image has torch and Triton but no simulator (no simpy), so this script does what needs
@@ -39,9 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from experiments.gpu_real_smoke import LLAMA_31_8B
+from bench.gpu_real_smoke import LLAMA_31_8B
 
 LOADS = (0.15, 0.5, 0.85)
 

@@ -6,7 +6,7 @@ max_model_len 32768; 300 steps of ``schedule()`` + ``update_from_output()``; the
 pure decode steps (every running request scheduled one token) is reported, per step and per
 request. ``--engine-core`` times the full ``EngineCore`` step instead (event log included).
 
-Usage: python experiments/bench_scheduler.py [--steps 300] [--sizes 16,64,256,1024] [--engine-core]
+Usage: python -m bench.scheduler [--steps 300] [--sizes 16,64,256,1024] [--engine-core]
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import gc
 import statistics
+import sys
 import time
 
 from engine.core.config import CacheConfig, EngineConfig, SchedulerConfig
@@ -71,12 +72,12 @@ def run(num_running: int, steps: int, engine_core: bool) -> tuple[int, float]:
     return len(times), statistics.median(times) * 1e6 if times else float("nan")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--sizes", default="16,64,256,1024")
     parser.add_argument("--engine-core", action="store_true", help="time EngineCore steps")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     what = "EngineCore step" if args.engine_core else "schedule+update"
     for n in (int(s) for s in args.sizes.split(",")):
         count, median_us = run(n, args.steps, args.engine_core)
@@ -85,7 +86,8 @@ def main() -> None:
             f"= {median_us / n:.2f} us/request",
             flush=True,
         )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
