@@ -11,12 +11,12 @@ the GPU and saves it to ``--out`` (default ``$OUT``, else ``gpu_validate_out``),
 files, none nested:
 
 1. ``profile.csv``, ``profile.meta.json``, ``profile.fitted.json`` — the step-time grid on the
-   GPU (``experiments.validate.profile_engine``, grid ``gpu``), the front-end and engine-loop
-   CPU costs (a calibration run of the real loop), and the cost model fitted to them;
+   GPU (``experiments.validation.profiling.profile_engine``, grid ``gpu``), the front-end and
+   engine-loop CPU costs (a calibration run of the real loop), and the cost model fitted to them;
 2. ``measured_<load>.json`` for loads 0.15, 0.5 and 0.85 of the engine's capacity, measured
-   by a short saturation run (``experiments.validate.measure_capacity_rps``) — each one
+   by a short saturation run (``experiments.validation.runs.measure_capacity_rps``) — each one
    measured run as a bundle (metadata, event log, every step's batch shape and measured time;
-   ``experiments.validate.write_bundle``).
+   ``experiments.validation.runs.write_bundle``).
 
 It prints, last, a table per load: request rate, engine-side median/p99 TTFT, median measured
 step time and the fitted model's error on that run's own steps. Where the simulator is
@@ -115,9 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
     import torch
 
-    from experiments import validate as v
     from experiments.cmd_run_real import engine_config_dict
-    from experiments.validation_report import step_time_errors
+    from experiments.validation import profiling, runs
+    from experiments.validation.report import step_time_errors
     from sim.cost.fitted import FittedCostModel
     from workload.build import build_workload
     from workload.config import WorkloadConfig
@@ -133,19 +133,20 @@ def main(argv: list[str] | None = None) -> int:
                           random_range_ratio=0.5, seed=0)
     with tempfile.TemporaryDirectory() as tmp:
         eargs = engine_args(make_model(Path(tmp), args.smoke), args.smoke)
-        calib = v.CalibrationSpec(
+        calib = profiling.CalibrationSpec(
             concurrencies=(1, 4, 16) if args.smoke else (1, 8, 32, 128, 256),
             input_len=args.input_len, output_len=args.output_len)
-        v.profile_engine(eargs, out / "profile.csv", grid="quick" if args.smoke else "gpu",
-                         calibration=calib, log=lambda s: print(s, file=sys.stderr))
+        profiling.profile_engine(eargs, out / "profile.csv",
+                                 grid="quick" if args.smoke else "gpu",
+                                 calibration=calib, log=lambda s: print(s, file=sys.stderr))
         model = FittedCostModel.load(out / "profile.fitted.json")
         gc.collect()  # the profiling engine's weights go before the measured engine is sized
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         engine = eargs.build()
-        model_capacity = v.capacity_rps(model, build_workload(base),
-                                        engine_config_dict(engine.engine_config))
-        capacity = v.measure_capacity_rps(engine, base)
+        model_capacity = runs.capacity_rps(model, build_workload(base),
+                                           engine_config_dict(engine.engine_config))
+        capacity = runs.measure_capacity_rps(engine, base)
         print(f"capacity: measured {capacity:.2f} req/s, fitted model {model_capacity:.2f}",
               file=sys.stderr)
         rows = []
@@ -153,11 +154,11 @@ def main(argv: list[str] | None = None) -> int:
             cfg = dataclasses.replace(base, request_rate=frac * capacity)
             print(f"load {frac}: {cfg.request_rate:.2f} req/s (capacity {capacity:.2f})",
                   file=sys.stderr)
-            run = v.serve_measured(engine, cfg, model.measured_on.get("speed_probe_s"))
+            run = runs.serve_measured(engine, cfg, model.measured_on.get("speed_probe_s"))
             run.meta.update(capacity_rps=capacity, load_fraction=frac,
                             model_capacity_rps=model_capacity)
-            v.write_bundle(run, out / f"measured_{frac:.2f}.json")
-            shapes = v.shapes_from_rows(run.step_rows)
+            runs.write_bundle(run, out / f"measured_{frac:.2f}.json")
+            shapes = runs.shapes_from_rows(run.step_rows)
             err = step_time_errors(model, shapes)
             ttft = engine_side_ttft_ms(run)
             rows.append({"load": frac, "rate": cfg.request_rate, "requests": cfg.num_prompts,

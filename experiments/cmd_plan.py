@@ -38,7 +38,7 @@ def _values(text: str) -> list[Any]:
 
 def parse_knobs(items: list[str] | None) -> tuple[tuple[str, tuple[Any, ...]], ...]:
     """``["max_num_batched_tokens=2048,8192"]`` → ((engine.max_num_batched_tokens, (…)),)."""
-    from experiments.expfile import resolve_key
+    from experiments.sweep.expfile import resolve_key
 
     knobs = []
     for item in items or []:
@@ -71,8 +71,8 @@ def parse_prices(items: list[str] | None) -> dict[str, float]:
 
 
 def build_spec(args: argparse.Namespace) -> Any:
-    from experiments.capacity import SearchSettings
-    from experiments.plan import PlanSpec
+    from experiments.plan.capacity import SearchSettings
+    from experiments.plan.planner import PlanSpec
     from experiments.simconfig_cli import config_dict_from_args, load_experiment_file
     from reports.options import parse_goodput
 
@@ -104,15 +104,15 @@ def build_spec(args: argparse.Namespace) -> Any:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from experiments.backends import make_backend
-    from experiments.plan import run_plan
-    from experiments.plan_report import plan_rows, probe_rows, shown, write_plan
-    from experiments.sweep import ResultCache
-    from experiments.sweep_report import markdown_table
+    from experiments.plan.planner import run_plan
+    from experiments.plan.report import plan_rows, probe_rows, shown, write_plan
+    from experiments.sweep.backends import make_backend
+    from experiments.sweep.report import markdown_table
+    from experiments.sweep.runner import ResultCache
 
     if args.top < 1:
         raise UserError(f"--top must be >= 1, got {args.top}")
-    from experiments.backends import check_jobs
+    from experiments.sweep.backends import check_jobs
 
     check_jobs(args.jobs)
     if not 1 <= args.seeds <= 1000:

@@ -16,10 +16,10 @@ from typing import Any
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from experiments.backends import make_backend
-    from experiments.expfile import expand_points, load_experiment, with_base_overrides
-    from experiments.sweep import ProgressLine
-    from experiments.sweep_report import aggregate, markdown_table, run_experiment
+    from experiments.sweep.backends import make_backend
+    from experiments.sweep.expfile import expand_points, load_experiment, with_base_overrides
+    from experiments.sweep.report import aggregate, markdown_table, run_experiment
+    from experiments.sweep.runner import ProgressLine
 
     spec = with_base_overrides(load_experiment(args.file), args.set or [])
     points = expand_points(spec)  # validate everything before starting any worker

@@ -1,10 +1,10 @@
 """``twinserve profile`` and ``twinserve validate``: fit a cost model to the real engine, then
-check the simulator against a measured run of the same workload (``experiments.validate``).
+check the simulator against a measured run of the same workload (``experiments.validation``).
 
 ``validate`` writes, per load, the measured run directory, the simulated one, ``compare/``,
 ``validation.json``, ``validation.md`` and ``step_time_scatter.png``; with ``--loads`` one
 sub-directory per load and a summary table at the top. The report itself is written by
-``experiments.validation_report``.
+``experiments.validation.report``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import numpy as np
 
 from engine.core.config import ConfigError
 from engine.core.errors import UserError
-from experiments.validation_report import error_table, write_validation
+from experiments.validation.report import error_table, write_validation
 
 DEFAULT_WORKLOAD = {"dataset_name": "random", "num_prompts": 200, "random_input_len": 128,
                     "random_output_len": 32, "random_range_ratio": 0.5}
@@ -47,7 +47,7 @@ def _log(text: str) -> None:
 
 
 def _profile(args: argparse.Namespace) -> int:
-    from experiments.validate import ProfileFiles, fit_profile, profile_engine
+    from experiments.validation.profiling import ProfileFiles, fit_profile, profile_engine
 
     if args.refit:
         model = fit_profile(args.out, holdout_fraction=args.holdout, seed=args.seed,
@@ -75,9 +75,10 @@ def _workload_config(args: argparse.Namespace, rate: float | None) -> Any:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from experiments import validate as v
     from experiments.cmd_run_real import engine_config_dict
     from experiments.reporting import prepare_out_dir
+    from experiments.validation import profiling, runs
+    from sim.cost.fitted import FittedCostModel
     from workload.build import build_workload
 
     out = prepare_out_dir(Path(args.out))
@@ -86,23 +87,24 @@ def _validate(args: argparse.Namespace) -> int:
     _threads(args)
     engine_args = _engine_args(args)
     profile = Path(args.profile) if args.profile else out / "profile.csv"
-    files = v.ProfileFiles.of(profile)
+    files = profiling.ProfileFiles.of(profile)
     workload_cfg = _workload_config(args, None)
     if not files.csv.exists():
         w = build_workload(workload_cfg)
-        calib = v.CalibrationSpec(input_len=round(float(np.mean(w.prompt_lens))),
-                                  output_len=round(float(np.mean(w.output_lens))))
-        v.profile_engine(engine_args, files.csv, grid=args.grid, calibration=calib, log=_log)
+        calib = profiling.CalibrationSpec(input_len=round(float(np.mean(w.prompt_lens))),
+                                          output_len=round(float(np.mean(w.output_lens))))
+        profiling.profile_engine(engine_args, files.csv, grid=args.grid, calibration=calib,
+                                 log=_log)
     elif not files.fitted.exists():
-        v.fit_profile(files.csv)
-    model = v.FittedCostModel.load(files.fitted)
+        profiling.fit_profile(files.csv)
+    model = FittedCostModel.load(files.fitted)
     engine = engine_args.build()
-    model_capacity = v.capacity_rps(model, build_workload(workload_cfg),
-                                    engine_config_dict(engine.engine_config),
-                                    mode=args.frontend_mapping)
+    model_capacity = runs.capacity_rps(model, build_workload(workload_cfg),
+                                       engine_config_dict(engine.engine_config),
+                                       mode=args.frontend_mapping)
     capacity = model_capacity
     if args.capacity == "measured":
-        capacity = v.measure_capacity_rps(engine, workload_cfg)
+        capacity = runs.measure_capacity_rps(engine, workload_cfg)
     _log(f"capacity: measured {capacity:.1f} req/s, the fitted model's estimate "
          f"{model_capacity:.1f} req/s" if args.capacity == "measured" else
          f"capacity: the fitted model's estimate {capacity:.1f} req/s")
@@ -113,10 +115,10 @@ def _validate(args: argparse.Namespace) -> int:
         label = "given rate" if frac is None else f"{frac:.0%} of capacity"
         target = out if len(loads) == 1 else out / f"load-{frac:g}"
         _log(f"{label}: request rate {rate or args.request_rate} req/s")
-        runs = [v.serve_measured(engine, _workload_config(args, rate),
-                                 model.measured_on.get("speed_probe_s"))
-                for _ in range(args.repeats)]
-        results[label] = _compare_one(runs, files.fitted, target, args,
+        measured = [runs.serve_measured(engine, _workload_config(args, rate),
+                                        model.measured_on.get("speed_probe_s"))
+                    for _ in range(args.repeats)]
+        results[label] = _compare_one(measured, files.fitted, target, args,
                                       {"capacity_rps": capacity, "load_fraction": frac,
                                        "capacity_source": args.capacity,
                                        "model_capacity_rps": model_capacity})
@@ -124,24 +126,25 @@ def _validate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _compare_one(runs: Sequence[Any], fitted: Path, target: Path, args: argparse.Namespace,
-                 extra: dict[str, Any]) -> dict[str, Any]:
-    from experiments import validate as v
+def _compare_one(measured: Sequence[Any], fitted: Path, target: Path,
+                 args: argparse.Namespace, extra: dict[str, Any]) -> dict[str, Any]:
+    from experiments.validation import runs
 
     target.mkdir(parents=True, exist_ok=True)
     plots = not args.no_plots
-    v.write_measured(runs[0], target / "measured", plots=plots)
+    runs.write_measured(measured[0], target / "measured", plots=plots)
     repeat = None
-    if len(runs) > 1:
-        repeat = v.write_measured(runs[1], target / "measured_repeat", plots=False)
-    v.simulate_like(runs[0].meta, fitted, target / "simulated", plots=plots,
-                    mode=args.frontend_mapping)
+    if len(measured) > 1:
+        repeat = runs.write_measured(measured[1], target / "measured_repeat", plots=False)
+    runs.simulate_like(measured[0].meta, fitted, target / "simulated", plots=plots,
+                       mode=args.frontend_mapping)
     corrected = None
-    drift = runs[0].meta["stats"].get("speed_drift")
+    drift = measured[0].meta["stats"].get("speed_drift")
     if args.speed_correct and drift:
-        corrected = v.simulate_like(runs[0].meta, fitted, target / "simulated_speed_corrected",
-                                    plots=False, mode=args.frontend_mapping, scale=drift)
-    extra = {**extra, "request_rate": runs[0].meta["config"]["workload"]["request_rate"]}
+        corrected = runs.simulate_like(measured[0].meta, fitted,
+                                       target / "simulated_speed_corrected", plots=False,
+                                       mode=args.frontend_mapping, scale=drift)
+    extra = {**extra, "request_rate": measured[0].meta["config"]["workload"]["request_rate"]}
     return write_validation(target / "measured", target / "simulated", fitted, target,
                             plots=plots, extra=extra, repeat_dir=repeat,
                             corrected_dir=corrected)
@@ -150,7 +153,7 @@ def _compare_one(runs: Sequence[Any], fitted: Path, target: Path, args: argparse
 def _validate_reused(args: argparse.Namespace, out: Path) -> int:
     """Measured runs from elsewhere: bundle JSON files (``bench/gpu_validate.py``) or run
     directories."""
-    from experiments import validate as v
+    from experiments.validation import profiling, runs
 
     src = Path(args.reuse_measured)
     bundles = sorted(src.glob("measured_*.json")) if src.is_dir() else [src]
@@ -158,9 +161,9 @@ def _validate_reused(args: argparse.Namespace, out: Path) -> int:
         bundles = [src]
     profile = Path(args.profile) if args.profile else (src if src.is_dir() else src.parent) / (
         "profile.csv")
-    files = v.ProfileFiles.of(profile)
+    files = profiling.ProfileFiles.of(profile)
     if not files.fitted.exists():
-        v.fit_profile(files.csv)
+        profiling.fit_profile(files.csv)
     if not bundles:
         raise ConfigError(f"{src} holds no measured_*.json bundle and is no run directory")
     results = {}
@@ -169,12 +172,12 @@ def _validate_reused(args: argparse.Namespace, out: Path) -> int:
         if b.is_dir():
             target.mkdir(parents=True, exist_ok=True)
             meta = json.loads((b / "config.json").read_text())
-            v.simulate_like(meta, files.fitted, target / "simulated", plots=not args.no_plots,
-                            mode=args.frontend_mapping)
+            runs.simulate_like(meta, files.fitted, target / "simulated",
+                               plots=not args.no_plots, mode=args.frontend_mapping)
             results[b.name] = write_validation(b, target / "simulated", files.fitted, target,
                                                plots=not args.no_plots)
         else:
-            run = v.read_bundle(b)
+            run = runs.read_bundle(b)
             extra = {k: run.meta.get(k)
                      for k in ("capacity_rps", "load_fraction", "model_capacity_rps")}
             results[b.stem] = _compare_one([run], files.fitted, target, args, extra)

@@ -307,7 +307,7 @@ def test_after_idle_report_adds_the_fitted_wakeup_cost() -> None:
     import pandas as pd
 
     from engine.core.interfaces import StepTime
-    from experiments.validation_report import _wakeup_notes, after_idle_steps
+    from experiments.validation.report import _wakeup_notes, after_idle_steps
 
     # steps 0..3: step 2 starts 50 ms after step 1's outputs (idle), the others back to back;
     # the step model says 4 ms; the idle step measured 7 ms, the others 4 ms

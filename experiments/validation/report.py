@@ -96,7 +96,7 @@ def _wakeup_notes(idle: dict[str, Any]) -> list[str]:
 
 
 def plot_step_scatter(model: Any, samples: Sequence[Any], png: Path) -> Path:
-    from experiments.validate import step_kind
+    from experiments.validation.profiling import step_kind
     from reports.plots import new_figure
 
     fig, axes = new_figure(1, 1, (6, 5.5), left=0.13, bottom=0.1)
@@ -257,7 +257,7 @@ def write_validation(measured_dir: Path, simulated_dir: Path, fitted_path: Path,
     differences, the noise floor any simulator error should be read against; with
     ``corrected_dir`` (the simulation with the model scaled by the run's speed drift) the
     errors that remain once the machine's change of speed is taken out."""
-    from experiments.validate import read_step_shapes
+    from experiments.validation.runs import read_step_shapes
     from reports.compare import compare_runs
     from reports.meta import write_json
     from reports.run_dir import load_run_dir

@@ -28,7 +28,7 @@ def run_task(task: Mapping[str, Any]) -> dict[str, Any]:
     Bad input inside the run (a ``UserError``) becomes a record with an ``error`` field rather
     than an exception, so one bad point does not lose the others.
     """
-    from experiments.records import simulate_record
+    from experiments.sweep.records import simulate_record
 
     try:
         return simulate_record(task["config"], task["report"], run_dir=task.get("run_dir"))

@@ -27,9 +27,9 @@ from typing import Any
 
 import pandas as pd
 
-from experiments.backends import Backend
-from experiments.expfile import ExperimentSpec, SweepPoint, expand_points
-from experiments.sweep import ResultCache, RunStats, cache_key, make_task, run_tasks
+from experiments.sweep.backends import Backend
+from experiments.sweep.expfile import ExperimentSpec, SweepPoint, expand_points
+from experiments.sweep.runner import ResultCache, RunStats, cache_key, make_task, run_tasks
 
 RATE_KEY = "workload.request_rate"
 #: Headline metrics of summary.md and the printed table (those present are shown).
@@ -179,6 +179,6 @@ def _summary_md(spec: ExperimentSpec, summary: pd.DataFrame, stats: RunStats) ->
 
 
 def _plots(spec: ExperimentSpec, table: pd.DataFrame, x_col: str | None, d: Path) -> list[Path]:
-    from experiments.sweep_plots import plot_comparison
+    from experiments.sweep.plots import plot_comparison
 
     return [plot_comparison(ok_rows(table), x_col, d / "compare.png", title=spec.name)]

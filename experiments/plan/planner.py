@@ -30,11 +30,11 @@ from typing import Any
 
 from engine.core.errors import UserError
 from engine.core.interfaces import CostModel
-from experiments.backends import Backend, InlineBackend
-from experiments.capacity import CapacityResult, RateProbe, SearchSettings, find_capacity
-from experiments.expfile import full_config, set_key, set_seed
-from experiments.records import effective_attainment
-from experiments.sweep import ResultCache, make_task, run_tasks
+from experiments.plan.capacity import CapacityResult, RateProbe, SearchSettings, find_capacity
+from experiments.sweep.backends import Backend, InlineBackend
+from experiments.sweep.expfile import full_config, set_key, set_seed
+from experiments.sweep.records import effective_attainment
+from experiments.sweep.runner import ResultCache, make_task, run_tasks
 from sim.hardware import get_gpu
 
 CostModelFactory = Callable[[Any], CostModel]  # SimConfig -> CostModel
@@ -171,7 +171,7 @@ class Evaluator:
 
 def _with_cost_model(factory: CostModelFactory) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
     def run(task: Mapping[str, Any]) -> dict[str, Any]:
-        from experiments.records import simulate_record
+        from experiments.sweep.records import simulate_record
         from sim.config import SimConfig
 
         model = factory(SimConfig.from_dict(dict(task["config"])))

@@ -30,7 +30,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from experiments.backends import Backend
+from experiments.sweep.backends import Backend
 
 #: Bump when records computed by older code must not be reused.
 CACHE_VERSION = 1

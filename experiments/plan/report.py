@@ -32,8 +32,8 @@ from typing import Any
 
 import pandas as pd
 
-from experiments.plan import CandidateOutcome, Evaluator, PlanSpec, seeds_mean
-from experiments.sweep_report import markdown_table
+from experiments.plan.planner import CandidateOutcome, Evaluator, PlanSpec, seeds_mean
+from experiments.sweep.report import markdown_table
 
 #: Statuses whose rows rank above the others.
 SERVING: frozenset[str] = frozenset({"ok", "unbounded"})
@@ -151,7 +151,7 @@ def probe_rows(ev: Evaluator) -> pd.DataFrame:
 
 
 def _attainment(record: Mapping[str, Any]) -> float:
-    from experiments.records import effective_attainment
+    from experiments.sweep.records import effective_attainment
 
     return effective_attainment(record)
 
