@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
     import torch
 
-    from experiments.cmd_run_real import engine_config_dict
+    from experiments.run_meta import engine_config_dict
     from experiments.validation import profiling, runs
     from experiments.validation.report import step_time_errors
     from sim.cost.fitted import FittedCostModel

@@ -13,50 +13,6 @@ from experiments.cmd_sim import add_report_flags, default_out_dir
 from experiments.simconfig_cli import add_workload_flags, workload_dict_from_args
 
 
-def engine_config_dict(engine_config: Any) -> dict[str, dict[str, Any]]:
-    """An ``EngineConfig`` as config.json keeps it: {"scheduler": {...}, "cache": {...}}."""
-    sched, cache = engine_config.scheduler, engine_config.cache
-    return {
-        "scheduler": {k: getattr(sched, k) for k in sched.__dataclass_fields__},
-        "cache": {k: getattr(cache, k) for k in cache.__dataclass_fields__},
-    }
-
-
-def real_meta(engine: Any, workload: Any, result: Any, wall_s: float) -> dict[str, Any]:
-    """config.json content of a measured run."""
-    from experiments.provenance import provenance
-
-    return {
-        "kind": "real",
-        "config": {"engine_args": {k: getattr(engine.args, k)
-                                   for k in engine.args.__dataclass_fields__}},
-        "engine_config": engine_config_dict(engine.engine_config),
-        "model_id": str(engine.args.model),
-        "device": str(engine.executor.device),
-        "attention_backend": engine.executor.attention_backend,
-        "num_api_servers": 1,
-        "seed": int(workload.extra.get("seed", 0)),
-        "workload": {
-            "source": workload.source,
-            "num_prompts": len(workload),
-            "request_rate": workload.request_rate,
-            "burstiness": workload.burstiness,
-            "max_concurrency": workload.max_concurrency,
-        },
-        "stats": {
-            "num_requests": len(workload),
-            "num_rejected": result.num_rejected,
-            "num_steps": result.event_log.num_steps,
-            "wall_time_s": wall_s,
-            "simulated_time_s": result.wall_time_s,
-            "api_server_busy_s": 0.0,
-            "output_processor_busy_s": 0.0,
-        },
-        "reject_reasons": result.reject_reasons,
-        **provenance(),
-    }
-
-
 def _run_real(args: argparse.Namespace) -> int:
     import dataclasses
     import time
@@ -64,6 +20,7 @@ def _run_real(args: argparse.Namespace) -> int:
     from engine.llm import EngineArgs
     from engine.serve.real_run import run_real
     from experiments.reporting import finish_run, prepare_out_dir, report_options
+    from experiments.run_meta import measured_run_meta
     from workload.build import build_workload
     from workload.config import WorkloadConfig
 
@@ -79,7 +36,7 @@ def _run_real(args: argparse.Namespace) -> int:
     engine = EngineArgs(model=args.model, **_engine_kwargs(args)).build()
     t0 = time.perf_counter()
     result = run_real(engine, workload, seed=workload_cfg.seed)
-    meta = real_meta(engine, workload, result, time.perf_counter() - t0)
+    meta = measured_run_meta(engine, workload, result, time.perf_counter() - t0)
     meta["config"]["workload"] = {
         k: getattr(workload_cfg, k) for k in workload_cfg.__dataclass_fields__
     }

@@ -39,39 +39,6 @@ def default_out_dir(prefix: str = "simulate") -> Path:
     return Path("runs") / f"{prefix}-{stamp}"
 
 
-def run_meta(result: Any) -> dict[str, Any]:
-    """config.json content of a simulated run: everything needed to rerun it."""
-    from experiments.provenance import provenance
-
-    stats = result.stats
-    engine = result.engine_config
-    return {
-        "kind": "simulated",
-        "config": result.config.to_dict(),
-        "engine_config": {
-            "scheduler": {
-                k: getattr(engine.scheduler, k) for k in engine.scheduler.__dataclass_fields__
-            },
-            "cache": {k: getattr(engine.cache, k) for k in engine.cache.__dataclass_fields__},
-        },
-        "model_id": result.config.model,
-        "gpu": result.config.gpu,
-        "tensor_parallel_size": result.config.tensor_parallel_size,
-        "num_api_servers": result.config.frontend.num_api_servers,
-        "seed": result.config.seed,
-        "workload": {
-            "source": result.workload.source,
-            "num_prompts": len(result.workload),
-            "request_rate": result.workload.request_rate,
-            "burstiness": result.workload.burstiness,
-            "max_concurrency": result.workload.max_concurrency,
-        },
-        "stats": {k: float(getattr(stats, k)) for k in stats.__dataclass_fields__},
-        "reject_reasons": result.reject_reasons,
-        **provenance(),
-    }
-
-
 def _simulate(args: argparse.Namespace) -> int:
     if _list_catalogs(args):
         return 0
@@ -94,7 +61,9 @@ def _simulate(args: argparse.Namespace) -> int:
         if reporter is not None:
             reporter.close()
         raise
-    meta = run_meta(result)
+    from experiments.run_meta import simulated_run_meta
+
+    meta = simulated_run_meta(result)
     log = result.event_log
     del result  # the log is all the report needs: free the rest before rendering it
     written = None

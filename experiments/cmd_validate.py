@@ -75,8 +75,8 @@ def _workload_config(args: argparse.Namespace, rate: float | None) -> Any:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from experiments.cmd_run_real import engine_config_dict
     from experiments.reporting import prepare_out_dir
+    from experiments.run_meta import engine_config_dict
     from experiments.validation import profiling, runs
     from sim.cost.fitted import FittedCostModel
     from workload.build import build_workload

@@ -132,7 +132,7 @@ def simulate_record(
     a synthetic model). ``run_dir``, when given, also receives a full run directory (tables,
     summary, report; no plots).
     """
-    from experiments.cmd_sim import run_meta
+    from experiments.run_meta import simulated_run_meta
     from reports.metrics import summarize
     from reports.tables import build_tables
     from sim.config import SimConfig
@@ -141,7 +141,7 @@ def simulate_record(
     t0 = time.perf_counter()
     cfg = SimConfig.from_dict(dict(config))
     result = SimRuntime(cfg, cost_model=cost_model).run()
-    meta = run_meta(result)
+    meta = simulated_run_meta(result)
     goodput = dict(report.get("goodput") or {})
     percentiles = [float(p) for p in report.get("percentiles") or [99.0]]
     metrics = [str(m) for m in report.get("percentile_metrics") or ["ttft", "tpot", "itl"]]

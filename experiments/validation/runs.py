@@ -112,7 +112,7 @@ def serve_measured(engine: Any, workload_cfg: WorkloadConfig,
     profile's): how much slower the machine ran the same fixed steps during this run."""
     from engine.serve.real_run import run_real
     from engine.worker.profiler import speed_probe
-    from experiments.cmd_run_real import real_meta
+    from experiments.run_meta import measured_run_meta
 
     workload = dataclasses.replace(build_workload(workload_cfg),
                                    extra={"seed": workload_cfg.seed})
@@ -121,7 +121,7 @@ def serve_measured(engine: Any, workload_cfg: WorkloadConfig,
     cpu0, t0 = time.thread_time(), time.perf_counter()
     result = run_real(engine, workload, seed=workload_cfg.seed)
     cpu_s, wall_s = time.thread_time() - cpu0, time.perf_counter() - t0
-    meta = real_meta(engine, workload, result, wall_s)
+    meta = measured_run_meta(engine, workload, result, wall_s)
     meta["config"]["workload"] = dataclasses.asdict(workload_cfg)
     num_steps = result.event_log.num_steps
     timings = engine.executor.step_timings[-num_steps:] if num_steps else []
@@ -251,7 +251,7 @@ def simulate_like(meta: dict[str, Any], fitted_path: Path, out_dir: Path, *, plo
                   mode: str = "in_process", scale: float = 1.0) -> Path:
     """Simulate the measured run's request stream; writes the simulated run directory.
     ``scale`` != 1 runs the model scaled by that factor (``FittedCostModel.scaled``)."""
-    from experiments.cmd_sim import run_meta
+    from experiments.run_meta import simulated_run_meta
     from reports.run_dir import write_run_dir
     from sim.runtime import SimRuntime
 
@@ -261,7 +261,7 @@ def simulate_like(meta: dict[str, Any], fitted_path: Path, out_dir: Path, *, plo
     cfg = sim_config_like(meta, fitted_path, mode=mode, model=model)
     workload = build_workload(cfg.workload)
     result = SimRuntime(cfg, workload=workload, cost_model=model).run()
-    sim_meta = run_meta(result)
+    sim_meta = simulated_run_meta(result)
     sim_meta["label"] = "simulated" if scale == 1.0 else "simulated (speed-corrected)"
     sim_meta["frontend_mapping"] = mode
     sim_meta["cost_model_scale"] = scale
