@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"done in {time.perf_counter() - t0:.0f} s; files in {out}")
     print(measured_table(rows))
     if not args.no_simulate and _simulator_available():
-        from experiments.cmd_validate import main as validate
+        from experiments.cli.cmd_validate import main as validate
 
         print("\nsimulated vs measured (rel err):")
         return validate(["validate", "--reuse-measured", str(out), "--out", str(out / "validation"),

@@ -21,9 +21,9 @@ An experiment file (TOML, or JSON with the same structure) looks like::
 
 A key is a dotted config path (``workload.request_rate``), a top-level field
 (``data_parallel_size``), a ``twinserve simulate`` flag name with ``-`` or ``_``
-(``request-rate``, ``scheduling_policy``; ``simconfig_cli.FLAG_FIELDS``) or a field name that
-only one section has (``priority_mix``). ``seeds`` (in ``[grid]`` or ``[sweep]``) sets the run's
-seed, which is ``workload.seed`` (set at both spellings, so older configs agree).
+(``request-rate``, ``scheduling_policy``; ``experiments.simconfig.FLAG_FIELDS``) or a field name
+that only one section has (``priority_mix``). ``seeds`` (in ``[grid]`` or ``[sweep]``) sets the
+run's seed, which is ``workload.seed`` (set at both spellings, so older configs agree).
 
 Invariants: every point's config is validated (``SimConfig`` + the engine/KV resolution) before
 anything runs, all errors are reported at once, and an unknown key is rejected with the list of
@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.core.errors import UserError
-from experiments.simconfig_cli import FLAG_FIELDS, config_dict_from_args, load_experiment_file
+from experiments.simconfig import FLAG_FIELDS, config_dict_from_args, load_experiment_file
 
 #: Top-level tables/keys an experiment file may hold.
 FILE_KEYS: tuple[str, ...] = ("name", "description", "base", "grid", "variant", "sweep", "report")

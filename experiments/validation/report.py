@@ -1,7 +1,7 @@
 """The validation report: per-metric relative errors, which stage misses, plots, Markdown.
 
 Composes ``reports`` (tables, summaries, comparisons) with the fitted cost model's per-step
-predictions; ``experiments.cmd_validate`` drives it.
+predictions; ``experiments.cli.cmd_validate`` drives it.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from xml.etree import ElementTree
 import pandas as pd
 import pytest
 
-from experiments.cmd_compile import HOT_MODULES, compile_modules, missing_toolchain
+from experiments.cli.cmd_compile import HOT_MODULES, compile_modules, missing_toolchain
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -175,7 +175,7 @@ def test_infinity_where_it_means_something() -> None:
 )
 def test_dataset_flags_imply_their_dataset(argv: list[str], dataset: str) -> None:
     from experiments.cli import build_parser
-    from experiments.simconfig_cli import config_dict_from_args
+    from experiments.simconfig import config_dict_from_args
 
     args = build_parser().parse_args(["simulate", *argv])
     cfg = SimConfig.from_dict(config_dict_from_args(args, {}))

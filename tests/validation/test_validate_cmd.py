@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from experiments.cmd_validate import main, register
+from experiments.cli.cmd_validate import main, register
 from experiments.validation.report import METRICS
 
 WORKLOAD = ["--num-prompts", "8", "--random-input-len", "24", "--random-output-len", "4",

@@ -8,9 +8,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from experiments.cmd_real import _add_engine_args, _engine_kwargs
-from experiments.cmd_sim import add_report_flags, default_out_dir
-from experiments.simconfig_cli import add_workload_flags, workload_dict_from_args
+from experiments.cli.flags import (
+    add_engine_flags,
+    add_report_flags,
+    add_workload_flags,
+    default_out_dir,
+    engine_kwargs,
+)
+from experiments.simconfig import workload_dict_from_args
 
 
 def _run_real(args: argparse.Namespace) -> int:
@@ -19,7 +24,7 @@ def _run_real(args: argparse.Namespace) -> int:
 
     from engine.llm import EngineArgs
     from engine.serve.real_run import run_real
-    from experiments.reporting import finish_run, prepare_out_dir, report_options
+    from experiments.cli.reporting import finish_run, prepare_out_dir, report_options
     from experiments.run_meta import measured_run_meta
     from workload.build import build_workload
     from workload.config import WorkloadConfig
@@ -33,7 +38,7 @@ def _run_real(args: argparse.Namespace) -> int:
     workload = dataclasses.replace(workload, extra={"seed": workload_cfg.seed})
     options = report_options(args)  # parsed now: a bad flag fails before the run
     out_dir = prepare_out_dir(Path(args.out) if args.out else default_out_dir("real"))
-    engine = EngineArgs(model=args.model, **_engine_kwargs(args)).build()
+    engine = EngineArgs(model=args.model, **engine_kwargs(args)).build()
     t0 = time.perf_counter()
     result = run_real(engine, workload, seed=workload_cfg.seed)
     meta = measured_run_meta(engine, workload, result, time.perf_counter() - t0)
@@ -55,7 +60,7 @@ def register(sub: Any) -> None:
         help="serve a workload with the real engine in wall-clock time; writes a report",
         description=__doc__,
     )
-    _add_engine_args(p)
+    add_engine_flags(p)
     p.add_argument("--cpu-threads", type=int, default=1,
                    help="torch CPU threads (default 1: steadier step times on small machines; "
                    "0 = torch's default)")

@@ -37,7 +37,7 @@ from engine.core.compiled import (
 )
 from engine.core.errors import UserError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 #: The modules compiled, relative to the repository root: everything a simulated step runs.
 HOT_MODULES: tuple[str, ...] = (

@@ -4,7 +4,7 @@ Points already in ``DIR/cache`` are not run again (``--resume`` is the default),
 point to the file and rerunning runs only the new point. ``--jobs N`` runs N local processes;
 ``--backend ray`` runs the same tasks on Ray (a local one, or ``--ray-address`` to join a
 cluster). Writes ``results.parquet``/``.csv`` (one row per point), ``summary.md`` and comparison
-plots; see experiments/sweep_report.py and docs/experiments.md.
+plots; see experiments/sweep/report.py and docs/experiments.md.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def _sweep(args: argparse.Namespace) -> int:
         print(f"{spec.name}: {len(points)} point(s) valid "
               f"({len(spec.variants)} variant(s) × {len(points) // len(spec.variants)})")
         return 0
-    from experiments.reporting import prepare_out_dir
+    from experiments.cli.reporting import prepare_out_dir
 
     out = prepare_out_dir(Path(args.out) if args.out else Path("runs") / f"sweep-{spec.name}")
     backend = make_backend(args.backend, args.jobs, args.ray_address)

@@ -73,7 +73,7 @@ def parse_prices(items: list[str] | None) -> dict[str, float]:
 def build_spec(args: argparse.Namespace) -> Any:
     from experiments.plan.capacity import SearchSettings
     from experiments.plan.planner import PlanSpec
-    from experiments.simconfig_cli import config_dict_from_args, load_experiment_file
+    from experiments.simconfig import config_dict_from_args, load_experiment_file
     from reports.options import parse_goodput
 
     if args.request_rate is not None:
@@ -118,7 +118,7 @@ def _plan(args: argparse.Namespace) -> int:
     if not 1 <= args.seeds <= 1000:
         raise UserError(f"--seeds must be in [1, 1000], got {args.seeds}")
     spec = build_spec(args)
-    from experiments.reporting import prepare_out_dir
+    from experiments.cli.reporting import prepare_out_dir
 
     out = prepare_out_dir(Path(args.out) if args.out else Path("runs") / "plan")
     candidates = spec.candidates()
@@ -153,7 +153,7 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    from experiments.simconfig_cli import add_sim_flags
+    from experiments.cli.flags import add_sim_flags
 
     p = sub.add_parser(
         "plan", help="capacity planning: max rate per layout at SLOs, fewest GPUs for a rate",

@@ -5,13 +5,13 @@ requests of the Azure 2023 conversation trace)."""
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import sys
 from pathlib import Path
 from typing import Any
 
 from engine.core.errors import UserError
-from experiments.simconfig_cli import add_sim_flags, config_dict_from_args, load_experiment_file
+from experiments.cli.flags import add_report_flags, add_sim_flags, default_out_dir
+from experiments.simconfig import config_dict_from_args, load_experiment_file
 
 
 def _list_catalogs(args: argparse.Namespace) -> bool:
@@ -34,11 +34,6 @@ def _list_catalogs(args: argparse.Namespace) -> bool:
     return False
 
 
-def default_out_dir(prefix: str = "simulate") -> Path:
-    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{prefix}-{stamp}"
-
-
 def _simulate(args: argparse.Namespace) -> int:
     if _list_catalogs(args):
         return 0
@@ -47,7 +42,7 @@ def _simulate(args: argparse.Namespace) -> int:
 
     base = load_experiment_file(args.config) if args.config else {}
     cfg = SimConfig.from_dict(config_dict_from_args(args, base))
-    from experiments.reporting import finish_run, prepare_out_dir, print_summary, report_options
+    from experiments.cli.reporting import finish_run, prepare_out_dir, print_summary, report_options
 
     options = report_options(args)  # parsed now: a bad flag fails before the run
     out_dir = prepare_out_dir(Path(args.out) if args.out else default_out_dir())
@@ -85,20 +80,6 @@ def _simulate(args: argparse.Namespace) -> int:
     del log  # the event log is no longer needed: free it before rendering the report
     finish_run(tables=tables, meta=meta, out_dir=out_dir, args=args, options=options)
     return 0
-
-
-def add_report_flags(p: argparse.ArgumentParser, run_kind: str = "simulate") -> None:
-    g = p.add_argument_group("results")
-    g.add_argument("--out", help=f"run directory (default runs/{run_kind}-<timestamp>)")
-    g.add_argument("--no-plots", action="store_true", help="skip plot rendering")
-    g.add_argument("--goodput", nargs="+", metavar="KEY:MS",
-                   help="SLOs for goodput, e.g. ttft:500 tpot:50 e2el:10000 (ms)")
-    g.add_argument("--metric-percentiles", default="99",
-                   help="comma-separated percentiles to report (vllm bench's default: 99)")
-    g.add_argument("--percentile-metrics", default="ttft,tpot,itl",
-                   help="metrics to report percentiles for (ttft,tpot,itl,e2el)")
-    g.add_argument("--format", choices=["parquet", "csv"], default="parquet",
-                   help="table format in the run directory")
 
 
 def register(sub: Any) -> None:

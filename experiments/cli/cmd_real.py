@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from engine.core.config import ConfigError
+from experiments.cli.flags import add_engine_flags, engine_kwargs
 
 
 def _token_ids(text: str) -> list[int]:
@@ -25,56 +26,6 @@ def _token_ids(text: str) -> list[int]:
     if not ids:
         raise argparse.ArgumentTypeError("--prompt-token-ids needs at least one id")
     return ids
-
-
-def _byte_size(text: str) -> int:
-    """``1073741824``, ``512MiB``, ``4GiB``, ``1.5GB`` → bytes."""
-    units = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 10**3, "mb": 10**6,
-             "gb": 10**9, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "b": 1, "": 1}
-    raw = text.strip().lower()
-    number = raw.rstrip("kmgib")
-    try:
-        value = float(number) * units[raw[len(number):]]
-    except (ValueError, KeyError):
-        raise argparse.ArgumentTypeError(
-            f"expected a size in bytes such as 268435456, 256MiB or 4GiB, got {text!r}"
-        ) from None
-    return int(value)
-
-
-def _add_engine_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("engine")
-    g.add_argument("--model", required=True, help="local checkpoint directory (HF format)")
-    g.add_argument("--dtype", default="auto", help="auto (config.json), float32, float16, bfloat16")
-    g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    g.add_argument("--max-model-len", type=int, help="default: max_position_embeddings")
-    g.add_argument("--max-num-batched-tokens", type=int, help="token budget per step (2048)")
-    g.add_argument("--max-num-seqs", type=int, help="most running requests (128)")
-    g.add_argument("--block-size", type=int, default=16, help="tokens per KV block (16)")
-    g.add_argument("--num-gpu-blocks", type=int, help="exact KV block count (overrides sizing)")
-    g.add_argument("--kv-cache-memory", type=_byte_size,
-                   help="KV cache bytes (CPU default 1GiB; CUDA default: profiled)")
-    g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    g.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
-    g.add_argument("--no-chunked-prefill", action="store_true", help="disable chunked prefill")
-    g.add_argument("--async-scheduling", action="store_true", help="two batches in flight")
-    g.add_argument("--attention-backend", choices=["triton", "reference"])
-    g.add_argument("--load-format", choices=["safetensors", "dummy"], default="safetensors")
-    g.add_argument("--engine-seed", type=int, default=0, help="seed of unseeded sampling")
-
-
-def _engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    return {
-        "dtype": args.dtype, "device": args.device, "max_model_len": args.max_model_len,
-        "max_num_batched_tokens": args.max_num_batched_tokens,
-        "max_num_seqs": args.max_num_seqs, "block_size": args.block_size,
-        "num_gpu_blocks": args.num_gpu_blocks, "kv_cache_memory": args.kv_cache_memory,
-        "gpu_memory_utilization": args.gpu_memory_utilization,
-        "enable_prefix_caching": not args.no_prefix_caching,
-        "enable_chunked_prefill": not args.no_chunked_prefill,
-        "async_scheduling": args.async_scheduling, "attention_backend": args.attention_backend,
-        "load_format": args.load_format, "seed": args.engine_seed,
-    }
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -92,7 +43,7 @@ def _generate(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    llm = LLM(args.model, **_engine_kwargs(args))
+    llm = LLM(args.model, **engine_kwargs(args))
     if args.chat:
         texts = [p for p in prompts if isinstance(p, str)]
         if len(texts) != len(prompts):
@@ -136,7 +87,7 @@ def register(sub: Any) -> None:
         description="Run prompts through the real engine (EngineCore + torch worker) and print "
         "the generated text, or one JSON object per prompt with --json.",
     )
-    _add_engine_args(p)
+    add_engine_flags(p)
     src = p.add_argument_group("prompts (repeatable, in order: texts, then token-id lists)")
     src.add_argument("--prompt", action="append", help="a text prompt")
     src.add_argument("--prompt-token-ids", action="append", type=_token_ids,

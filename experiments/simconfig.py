@@ -1,10 +1,12 @@
-"""Build a ``SimConfig`` from command-line flags and/or a TOML/JSON experiment file.
+"""A ``SimConfig`` dict from flag values and/or a TOML/JSON experiment file.
 
-Flags mirror vLLM's engine arguments (``--max-num-batched-tokens``, ``--enable-prefix-caching``,
-``--tensor-parallel-size`` …) and ``vllm bench serve``'s workload arguments (``--request-rate``,
-``--dataset-name`` …). Every flag maps to one field of ``SimConfig`` (``FLAG_FIELDS``); a flag the
-user gives overrides the experiment file, which overrides the defaults. The same table lets
-``twinserve sweep`` accept any of these keys.
+The simulation flags (``experiments.cli.flags.add_sim_flags``) mirror vLLM's engine arguments
+(``--max-num-batched-tokens``, ``--enable-prefix-caching``, ``--tensor-parallel-size`` …) and
+``vllm bench serve``'s workload arguments (``--request-rate``, ``--dataset-name`` …). Every flag
+maps to one field of ``SimConfig`` (``FLAG_FIELDS``); a flag the user gives overrides the
+experiment file, which overrides the defaults. The same table lets experiment files
+(``experiments.sweep.expfile``) accept any of these keys. Nothing here parses a command line,
+so the sweeps and the validation use it as the CLI does.
 """
 
 from __future__ import annotations
@@ -64,64 +66,6 @@ FLAG_FIELDS: dict[str, tuple[str | None, str]] = {
 DEFAULT_DATASET = {"dataset_name": "trace", "dataset_path": "azure-conv", "num_prompts": 1000}
 
 
-def add_sim_flags(p: argparse.ArgumentParser) -> None:
-    """Engine, model/hardware and workload flags (all default to None = not given)."""
-    bool_flag = argparse.BooleanOptionalAction
-    g = p.add_argument_group("model and hardware")
-    g.add_argument("--model", help="catalog model (Hugging Face id, e.g. meta-llama/Llama-3.1-8B)")
-    g.add_argument("--gpu", help="catalog GPU: h100-sxm, h200-sxm, a100-80gb")
-    g.add_argument("--tensor-parallel-size", "-tp", type=int)
-    g.add_argument("--data-parallel-size", "-dp", type=int, help="engine replicas")
-    g.add_argument("--router", help="replica router: vllm (default), round_robin, "
-                   "least_outstanding, least_kv, prefix_aware")
-    g.add_argument("--router-load-cap", type=int,
-                   help="prefix_aware: extra in-flight requests tolerated for a better hit")
-    g.add_argument("--gpu-memory-utilization", type=float)
-    g.add_argument("--num-gpu-blocks-override", type=int, help="KV blocks incl. the null block")
-    g.add_argument("--max-model-len", type=int)
-    g.add_argument("--cost-model", help="roofline (default) or fitted:PATH")
-    g = p.add_argument_group("engine (vLLM's names and defaults)")
-    g.add_argument("--max-num-batched-tokens", type=int, help="token budget per step")
-    g.add_argument("--max-num-seqs", type=int)
-    g.add_argument("--enable-chunked-prefill", action=bool_flag, default=None)
-    g.add_argument("--long-prefill-token-threshold", type=int)
-    g.add_argument("--scheduling-policy", choices=["fcfs", "priority"])
-    g.add_argument("--scheduler-reserve-full-isl", action=bool_flag, default=None)
-    g.add_argument("--async-scheduling", action=bool_flag, default=None)
-    g.add_argument("--block-size", type=int)
-    g.add_argument("--enable-prefix-caching", action=bool_flag, default=None)
-    g.add_argument("--api-server-count", type=int, help="front-end processes")
-    g.add_argument("--fast-path", action=bool_flag, default=None,
-                   help="bulk-apply identical decode steps (exact; default on)")
-    add_workload_flags(p)
-
-
-def add_workload_flags(p: argparse.ArgumentParser) -> None:
-    """vllm bench serve's workload flags (default None = not given)."""
-    g = p.add_argument_group("workload (vllm bench serve's names)")
-    g.add_argument(
-        "--dataset-name", choices=["random", "prefix_repetition", "trace"],
-        help="default: trace azure-conv, unless --dataset-path (trace), --random-* (random) or "
-        "--prefix-repetition-* (prefix_repetition) flags imply another",
-    )
-    g.add_argument("--dataset-path", help="trace file, or azure-conv, azure-code, "
-                   "mooncake-conversation, mooncake-synthetic")
-    g.add_argument("--num-prompts", type=int)
-    g.add_argument("--request-rate", type=float, help="requests/s (inf = all at once)")
-    g.add_argument("--burstiness", type=float)
-    g.add_argument("--max-concurrency", type=int)
-    g.add_argument("--random-input-len", type=int)
-    g.add_argument("--random-output-len", type=int)
-    g.add_argument("--random-range-ratio", type=float)
-    g.add_argument("--random-prefix-len", type=int)
-    g.add_argument("--prefix-repetition-prefix-len", type=int)
-    g.add_argument("--prefix-repetition-suffix-len", type=int)
-    g.add_argument("--prefix-repetition-num-prefixes", type=int)
-    g.add_argument("--prefix-repetition-output-len", type=int)
-    g.add_argument("--trace-time-scale", type=float, help="replay a trace this many times faster")
-    g.add_argument("--seed", type=int)
-
-
 def load_experiment_file(path: str) -> dict[str, Any]:
     """A TOML or JSON file holding a SimConfig dict (sections engine, frontend, workload…)."""
     p = Path(path)
@@ -161,10 +105,12 @@ def _implied_datasets(work: dict[str, Any]) -> list[str]:
 def config_dict_from_args(
     args: argparse.Namespace, base: dict[str, Any], sections: tuple[str | None, ...] | None = None
 ) -> dict[str, Any]:
-    """Overlay the flags the user gave on ``base`` (a SimConfig dict)."""
-    from sim.config import require_section_tables
+    """Overlay the flags the user gave on ``base`` (a SimConfig dict). With an empty ``base``
+    nothing of ``sim`` is imported (the real world builds its workload section this way)."""
+    if base:
+        from sim.config import require_section_tables
 
-    require_section_tables(base)
+        require_section_tables(base)
     out: dict[str, Any] = {k: (dict(v) if isinstance(v, dict) else v) for k, v in base.items()}
     for dest, (section, name) in FLAG_FIELDS.items():
         if sections is not None and section not in sections:

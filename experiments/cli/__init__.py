@@ -1,8 +1,11 @@
 """The ``twinserve`` command line: one subcommand per job, each a thin layer over a library call.
 
-Each ``experiments/cmd_*.py`` module registers its subcommands through ``register(subparsers)``
-and imports its heavy dependencies (torch, pandas, simpy) only when its command runs, so
-``twinserve --help`` and the simulator start fast.
+Each ``experiments/cli/cmd_*.py`` module registers its subcommands through
+``register(subparsers)`` and imports its heavy dependencies (torch, pandas, simpy) only when its
+command runs, so ``twinserve --help`` and the simulator start fast. Flags that several commands
+share are defined once, in ``experiments.cli.flags``; the tail every run ends in (run directory,
+printed summary) is ``experiments.cli.reporting``. ``python -m experiments.cli`` is
+``twinserve``.
 
 Bad input (a malformed file, an invalid knob) ends with one ``twinserve: error: …`` line on
 stderr and exit status 2, never a traceback.
@@ -20,15 +23,15 @@ from engine.core.errors import UserError
 
 #: Modules that contribute subcommands, in ``--help`` order.
 COMMAND_MODULES: tuple[str, ...] = (
-    "experiments.cmd_sim",
-    "experiments.cmd_reports",
-    "experiments.cmd_real",
-    "experiments.cmd_run_real",
-    "experiments.cmd_validate",
-    "experiments.cmd_sweep",
-    "experiments.cmd_plan",
-    "experiments.cmd_core",
-    "experiments.cmd_compile",
+    "experiments.cli.cmd_sim",
+    "experiments.cli.cmd_reports",
+    "experiments.cli.cmd_real",
+    "experiments.cli.cmd_run_real",
+    "experiments.cli.cmd_validate",
+    "experiments.cli.cmd_sweep",
+    "experiments.cli.cmd_plan",
+    "experiments.cli.cmd_core",
+    "experiments.cli.cmd_compile",
 )
 
 
@@ -82,6 +85,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("twinserve: interrupted", file=sys.stderr)
         return 130
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -28,11 +28,11 @@ DEFAULT_WORKLOAD = {"dataset_name": "random", "num_prompts": 200, "random_input_
 
 def _engine_args(args: argparse.Namespace) -> Any:
     from engine.llm import EngineArgs
-    from experiments.cmd_real import _engine_kwargs
+    from experiments.cli.flags import engine_kwargs
 
     if not args.model:
         raise ConfigError("--model is required (unless --reuse-measured is given)")
-    return EngineArgs(model=args.model, **_engine_kwargs(args))
+    return EngineArgs(model=args.model, **engine_kwargs(args))
 
 
 def _threads(args: argparse.Namespace) -> None:
@@ -65,7 +65,7 @@ def _profile(args: argparse.Namespace) -> int:
 
 
 def _workload_config(args: argparse.Namespace, rate: float | None) -> Any:
-    from experiments.simconfig_cli import workload_dict_from_args
+    from experiments.simconfig import workload_dict_from_args
     from workload.config import WorkloadConfig
 
     values = workload_dict_from_args(args)
@@ -75,7 +75,7 @@ def _workload_config(args: argparse.Namespace, rate: float | None) -> Any:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from experiments.reporting import prepare_out_dir
+    from experiments.cli.reporting import prepare_out_dir
     from experiments.run_meta import engine_config_dict
     from experiments.validation import profiling, runs
     from sim.cost.fitted import FittedCostModel
@@ -209,13 +209,12 @@ def _summary(results: dict[str, dict[str, Any]], out: Path, capacity: float | No
 
 
 def register(sub: Any) -> None:
-    from experiments.cmd_real import _add_engine_args
-    from experiments.simconfig_cli import add_workload_flags
+    from experiments.cli.flags import add_engine_flags, add_workload_flags
 
     p = sub.add_parser("profile", help="profile the real engine's step times and CPU stages; "
                        "fit a cost model (profile.csv → profile.fitted.json)",
                        description=__doc__)
-    _add_engine_args(p)
+    add_engine_flags(p)
     p.add_argument("--out", required=True, help="profile CSV path (X.meta.json and "
                    "X.fitted.json are written next to it)")
     p.add_argument("--grid", choices=["full", "quick", "gpu"], default="full")
@@ -231,7 +230,7 @@ def register(sub: Any) -> None:
 
     p = sub.add_parser("validate", help="profile, run a workload for real, simulate it with "
                        "the fitted model, and report the simulator's errors", description=__doc__)
-    _add_engine_args(p)
+    add_engine_flags(p)
     add_workload_flags(p)
     p.set_defaults(**DEFAULT_WORKLOAD)
     p.add_argument("--out", required=True, help="output directory")
