@@ -29,7 +29,7 @@ from engine.core.request import Request
 from sim.config import FrontendConfig
 from sim.cost.roofline import RooflineCostModel
 from sim.executor import PLACEHOLDER_TOKEN_ID, SimExecutor
-from sim.stages import OutputProcessor
+from sim.stages import OutputStage
 
 #: Bulk runs shorter than this are executed step by step (finding one costs O(running)).
 MIN_BULK_ITERATIONS: Final = 2
@@ -69,7 +69,7 @@ class EngineReplica:
         self.executor = SimExecutor(cost_model)
         self.frontend = frontend
         self.log = log
-        self.out = OutputProcessor(frontend)
+        self.out = OutputStage(frontend)
         self.fast_path = fast_path
         self.closed_loop = closed_loop  # finishes free client slots: bulk runs stop there
         self.report_state = report_state  # keep per-step state reports for a router

@@ -10,7 +10,7 @@ very code the golden replays check) at its centre:
 * the **engine** process runs vLLM's busy loop: drain inputs, ``begin_step``, the cost model's
   step time on the GPU timeline, ``finish_step`` of the oldest batch — two batches in flight
   under async scheduling, so the scheduler's CPU time (a cost term) overlaps the GPU;
-* each step's outputs go over IPC to the **output processor** (``stages.OutputProcessor``) and
+* each step's outputs go over IPC to the **output processor** (``stages.OutputStage``) and
   over the network to the clients.
 
 Every stage writes the core's event records. For speed the engine runs ahead of the SimPy
