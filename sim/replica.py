@@ -24,10 +24,9 @@ from engine.core.events import EventKind, EventLog
 from engine.core.fast_apply import AppliedRun
 from engine.core.fast_forward import BulkRun
 from engine.core.interfaces import CostModel
-from engine.core.outputs import BatchShape, EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
+from engine.core.outputs import EngineCoreOutput
 from engine.core.request import Request
 from sim.config import FrontendConfig
-from sim.cost.roofline import RooflineCostModel
 from sim.executor import PLACEHOLDER_TOKEN_ID, SimExecutor
 from sim.stages import OutputStage
 
@@ -58,15 +57,7 @@ class EngineReplica:
         self.core = EngineCore(
             engine_config, log, replica=index, first_step_id=index * STEP_ID_STRIDE
         )
-        self.cost_model = cost_model
-        # the cost model's shortcut for pure-decode steps, when it has one: bit-identical to
-        # step_time(...).total_s, and faster (see RooflineCostModel.decode_step_total)
-        self._decode_total: Callable[[int, int], float] | None = getattr(
-            cost_model, "decode_step_total", None
-        )
-        # the roofline's, called natively when compiled (a bound-method call is generic)
-        self._roofline = cost_model if isinstance(cost_model, RooflineCostModel) else None
-        self.executor = SimExecutor(cost_model)
+        self.executor = SimExecutor(cost_model)  # the one way to the cost model
         self.frontend = frontend
         self.log = log
         self.out = OutputStage(frontend)
@@ -140,7 +131,8 @@ class EngineReplica:
             if end > now:
                 now = end
             outputs = core.finish_step(
-                oldest, self._sampled(oldest, cost), now, execute_start_s=start, execute_end_s=end
+                oldest, self.executor.sampled(oldest, cost), now, execute_start_s=start,
+                execute_end_s=end,
             )
             self._report(now)
             self._deliver(oldest.step_id, now, outputs)
@@ -153,14 +145,6 @@ class EngineReplica:
         sched = self.core.scheduler
         self._reports.append(
             (update_s, len(sched.running), len(sched.waiting), sched.kv_cache_manager.usage)
-        )
-
-    @staticmethod
-    def _sampled(out: SchedulerOutput, cost: float) -> ModelRunnerOutput:
-        partial = out.partial_prefill_req_ids
-        token = [PLACEHOLDER_TOKEN_ID]
-        return ModelRunnerOutput(
-            {r: token for r in out.num_scheduled_tokens if r not in partial}, execute_time_s=cost
         )
 
     def _deliver(self, step_id: int, update_s: float, outputs: list[EngineCoreOutput]) -> None:
@@ -186,9 +170,7 @@ class EngineReplica:
         per_req, sched_base, c_update = (
             fe.schedule_s_per_request, fe.schedule_overhead_s, fe.update_overhead_s
         )
-        decode_total = self._decode_total
-        roofline = self._roofline
-        step_time = self.cost_model.step_time
+        executor = self.executor
         sched_t: list[float] = []
         starts: list[float] = []
         ends: list[float] = []
@@ -225,16 +207,11 @@ class EngineReplica:
             if k < num_prefill:  # a prefill chunk too: the full model
                 t1 = t + (sched_base + per_req * (n + 1))  # the step-by-step path's sum
                 sampling = run.num_sampling(k)
-                cost = step_time(run.batch_shape(k)).total_s
+                cost = executor.shape_time_s(run.batch_shape(k))
             else:
                 t1 = t + (sched_base + per_req * n)
                 sampling = n
-                if roofline is not None:
-                    cost = roofline.decode_step_total(n, context_sum[k])
-                elif decode_total is not None:
-                    cost = float(decode_total(n, context_sum[k]))  # numpy scalars too
-                else:
-                    cost = self._decode_step_time(n, context_sum[k], run.context_max[k])
+                cost = executor.decode_time_s(n, context_sum[k], run.context_max[k])
             sched_t.append(t)
             if is_async:
                 update = t1 if t1 > prev_end else prev_end
@@ -312,9 +289,3 @@ class EngineReplica:
             req_id = requests[order[pos]].req_id
             log.record(req_id, EventKind.DELIVERED, d)
             self._on_request_done(req_id, d)
-
-    def _decode_step_time(self, n: int, ctx_sum: int, ctx_max: int) -> float:
-        """Duration of a pure-decode step of ``n`` requests whose contexts sum to ``ctx_sum``
-        (max ``ctx_max``), from the cost model's ``step_time`` (used when the model has no
-        ``decode_step_total``)."""
-        return self.cost_model.step_time(BatchShape(n, n, (), (), n, ctx_sum, ctx_max, n)).total_s

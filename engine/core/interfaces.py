@@ -1,9 +1,12 @@
 """The two seams between the core and the worlds around it: executors and cost models.
 
-An ``Executor`` turns one ``SchedulerOutput`` into a ``ModelRunnerOutput`` — by running a model
-(``engine.worker.executor.TorchExecutor``) or by asking a cost model how long the step would take
-and emitting placeholder tokens (``sim.executor.SimExecutor``). A ``CostModel`` sees only the
-step's ``BatchShape`` and returns a ``StepTime`` with its breakdown, for reports.
+An ``Executor`` turns one ``SchedulerOutput`` into a ``ModelRunnerOutput`` by running a model
+(``engine.worker.executor.TorchExecutor``). The simulated world has no model to run: its
+``sim.executor.SimExecutor`` asks a cost model how long the step takes when the batch is
+submitted, and emits placeholder tokens when the step is applied (the simulated GPU timeline
+separates the two). A ``CostModel`` sees only the step's ``BatchShape`` and returns a
+``StepTime`` with its breakdown, for reports; a ``DecodeStepCostModel`` also prices a
+pure-decode step from two numbers, which the simulator's bulk decode runs call once per step.
 """
 
 from __future__ import annotations
@@ -44,6 +47,18 @@ class CostModel(Protocol):
     """Predicts a step's device time from its batch shape alone."""
 
     def step_time(self, shape: BatchShape) -> StepTime: ...
+
+
+class DecodeStepCostModel(CostModel, Protocol):
+    """A cost model with a shortcut for pure-decode steps.
+
+    Invariant: ``decode_step_total(n, ctx)`` equals, bit for bit, ``step_time(shape).total_s``
+    of a step of ``n`` decodes whose cached contexts sum to ``ctx`` (the simulator's bulk runs
+    and its step-by-step path must time such a step identically). A cost model without it is
+    priced through ``step_time``.
+    """
+
+    def decode_step_total(self, num_reqs: int, context_sum: int) -> float: ...
 
 
 class Executor(Protocol):

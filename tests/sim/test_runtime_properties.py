@@ -15,7 +15,7 @@ from engine.core.engine_core import EngineCore
 from engine.core.events import EventKind
 from engine.core.scheduler import Scheduler
 from sim.config import EngineKnobs, SimConfig
-from sim.replica import EngineReplica
+from sim.executor import SimExecutor
 from sim.runtime import SimResult, SimRuntime, run_simulation
 from tests.sim.helpers import SIMPLE_FRONTEND, LinearCostModel, simulate, workload
 from workload.config import WorkloadConfig
@@ -175,7 +175,7 @@ def test_simulator_drives_the_core_scheduler_step_for_step() -> None:
                 outs[out.step_id] = out
         else:
             out = outs.pop(arg)
-            replay_core.finish_step(out, EngineReplica._sampled(out, 0.0), 0.0)
+            replay_core.finish_step(out, SimExecutor.sampled(out, 0.0), 0.0)
     assert not replay_core.has_work()
 
 
