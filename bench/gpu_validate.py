@@ -68,9 +68,10 @@ def engine_args(model_dir: str, smoke: bool) -> Any:
     if smoke:
         return EngineArgs(model=model_dir, device="cpu", kv_cache_memory=4 << 20,
                           max_model_len=512)
-    return EngineArgs(model=model_dir, device="cuda", dtype="bfloat16", load_format="dummy",
-                      max_model_len=16384, max_num_batched_tokens=8192, max_num_seqs=256,
-                      gpu_memory_utilization=0.9)
+    return EngineArgs.from_kwargs(
+        model_dir, device="cuda", dtype="bfloat16", load_format="dummy", max_model_len=16384,
+        max_num_batched_tokens=8192, max_num_seqs=256, gpu_memory_utilization=0.9,
+    )
 
 
 def make_model(root: Path, smoke: bool) -> str:

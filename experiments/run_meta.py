@@ -8,6 +8,7 @@ metadata for the same kind of run: ``simulated_run_meta`` for a ``sim.runtime.Si
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from experiments.provenance import provenance
@@ -54,8 +55,11 @@ def measured_run_meta(
     """config.json content of a measured run."""
     return {
         "kind": "real",
-        "config": {"engine_args": {k: getattr(engine.args, k)
-                                   for k in engine.args.__dataclass_fields__}},
+        "config": {  # the engine knobs as a simulated run's config keeps them: "engine"
+            "engine_args": {k: getattr(engine.args, k)
+                            for k in engine.args.__dataclass_fields__ if k != "engine"},
+            "engine": dataclasses.asdict(engine.args.engine),
+        },
         "engine_config": engine_config_dict(engine.engine_config),
         "model_id": str(engine.args.model),
         "device": str(engine.executor.device),

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.core.config import (
-    CacheConfig,
+    BudgetDefaults,
     ConfigError,
     EngineConfig,
-    SchedulerConfig,
+    EngineKnobs,
     check_field_types,
     config_from_dict,
 )
@@ -87,44 +87,15 @@ class FrontendConfig:
                 )
 
 
-@dataclass(frozen=True, slots=True)
-class EngineKnobs:
-    """vLLM's engine knobs as a user sets them; None = vLLM 0.33.0's default for the GPU.
-
-    ``max_model_len`` and the KV block count are resolved from the model and GPU memory by
-    ``resolve_engine_config``; the full validation happens there (``SchedulerConfig``).
-    """
-
-    max_num_batched_tokens: int | None = None  # None: 8192 on H100/H200, 2048 on A100 (server)
-    max_num_seqs: int | None = None  # None: 1024 on H100/H200, 256 on A100 (server)
-    enable_chunked_prefill: bool = True
-    long_prefill_token_threshold: int = 0
-    policy: str = "fcfs"  # "fcfs" or "priority"
-    scheduler_reserve_full_isl: bool = True
-    async_scheduling: bool = True
-    block_size: int = 16
-    enable_prefix_caching: bool = True
-    watermark: float = 0.0
-
-    def __post_init__(self) -> None:
-        for name in ("max_num_batched_tokens", "max_num_seqs"):
-            v = getattr(self, name)
-            if v is not None and (not isinstance(v, int) or v < 1):
-                raise ConfigError(f"{name} must be a positive integer, got {v!r}")
-        if self.policy not in ("fcfs", "priority"):
-            raise ConfigError(f"policy must be 'fcfs' or 'priority', got {self.policy!r}")
-        CacheConfig(block_size=self.block_size, watermark=self.watermark)  # validates
-
-
-def server_defaults(gpu: GPUSpec) -> tuple[int, int]:
+def server_defaults(gpu: GPUSpec) -> BudgetDefaults:
     """vLLM 0.33.0's online-serving (max_num_batched_tokens, max_num_seqs) for a GPU
     (SCHEDULER_SPEC.md §1): >=160 GiB: 16384/1024; >=70 GiB except A100: 8192/1024; else
     2048/256."""
     if gpu.usable_memory_gib >= 160:
-        return 16384, 1024
+        return BudgetDefaults(16384, 1024)
     if gpu.usable_memory_gib >= 70 and not gpu.name.startswith("a100"):
-        return 8192, 1024
-    return 2048, 256
+        return BudgetDefaults(8192, 1024)
+    return BudgetDefaults(2048, 256)
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,7 +285,8 @@ def kv_capacity(cfg: SimConfig) -> KVCapacity:
     logits of ``max_num_seqs`` sampled rows in fp32, per TP rank.
     """
     m, g, tp = cfg.model_spec, cfg.gpu_spec, cfg.tensor_parallel_size
-    t, max_num_seqs = _budgets(cfg)
+    budgets = cfg.engine.budgets(budget_defaults(cfg))
+    t, max_num_seqs = budgets.max_num_batched_tokens, budgets.max_num_seqs
     a = 2  # bf16 activations
     per_token = (
         2 * m.intermediate_size / tp
@@ -331,12 +303,13 @@ def kv_capacity(cfg: SimConfig) -> KVCapacity:
     return KVCapacity(g.memory_bytes, budget, weights, activation, kv, per_block, blocks)
 
 
-def _budgets(cfg: SimConfig) -> tuple[int, int]:
+def budget_defaults(cfg: SimConfig) -> BudgetDefaults:
+    """The budgets an unset knob takes: vLLM's online defaults for the GPU. Not looked up when
+    the knobs set both (a fitted cost model's run may name a device the catalog lacks)."""
     e = cfg.engine
     if e.max_num_batched_tokens is not None and e.max_num_seqs is not None:
-        return e.max_num_batched_tokens, e.max_num_seqs
-    default_tokens, default_seqs = server_defaults(cfg.gpu_spec)
-    return e.max_num_batched_tokens or default_tokens, e.max_num_seqs or default_seqs
+        return BudgetDefaults(e.max_num_batched_tokens, e.max_num_seqs)
+    return server_defaults(cfg.gpu_spec)
 
 
 def resolve_engine_config(cfg: SimConfig) -> EngineConfig:
@@ -388,23 +361,6 @@ def resolve_engine_config(cfg: SimConfig) -> EngineConfig:
         max_model_len = usable_tokens  # as vLLM's auto-fit of max_model_len would
     if max_model_len < 2:
         raise ConfigError(f"the KV cache holds only {usable_tokens} tokens: no request fits")
-    budget, max_num_seqs = _budgets(cfg)
-    if not e.enable_chunked_prefill:
-        budget = max(budget, max_model_len)  # vLLM: max(max_model_len, default)
-    sched = SchedulerConfig(
-        max_num_batched_tokens=budget,
-        max_num_seqs=min(max_num_seqs, budget) if e.max_num_seqs is None else max_num_seqs,
-        max_model_len=max_model_len,
-        enable_chunked_prefill=e.enable_chunked_prefill,
-        long_prefill_token_threshold=e.long_prefill_token_threshold,
-        policy=e.policy,  # type: ignore[arg-type]
-        scheduler_reserve_full_isl=e.scheduler_reserve_full_isl,
-        async_scheduling=e.async_scheduling,
+    return e.resolve(
+        max_model_len=max_model_len, num_gpu_blocks=num_blocks, defaults=budget_defaults(cfg)
     )
-    cache = CacheConfig(
-        num_gpu_blocks=num_blocks,
-        block_size=e.block_size,
-        enable_prefix_caching=e.enable_prefix_caching,
-        watermark=e.watermark,
-    )
-    return EngineConfig(scheduler=sched, cache=cache)

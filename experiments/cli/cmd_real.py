@@ -2,7 +2,7 @@
 
 Both are thin layers over library calls (``engine.llm.LLM``, ``engine.worker.tiny_model``);
 torch and the worker are imported inside the command functions so ``twinserve --help`` stays
-fast. Engine flags are the fields of ``engine.llm.EngineArgs``.
+fast. Engine flags are the fields of ``engine.llm.EngineArgs`` (``experiments.cli.flags``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from engine.core.config import ConfigError
-from experiments.cli.flags import add_engine_flags, engine_kwargs
+from experiments.cli.flags import add_engine_flags, engine_args_from_flags
 
 
 def _token_ids(text: str) -> list[int]:
@@ -43,7 +43,7 @@ def _generate(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    llm = LLM(args.model, **engine_kwargs(args))
+    llm = LLM.from_engine_args(engine_args_from_flags(args))
     if args.chat:
         texts = [p for p in prompts if isinstance(p, str)]
         if len(texts) != len(prompts):

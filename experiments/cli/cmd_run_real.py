@@ -13,7 +13,7 @@ from experiments.cli.flags import (
     add_report_flags,
     add_workload_flags,
     default_out_dir,
-    engine_kwargs,
+    engine_args_from_flags,
 )
 from experiments.simconfig import workload_dict_from_args
 
@@ -22,7 +22,6 @@ def _run_real(args: argparse.Namespace) -> int:
     import dataclasses
     import time
 
-    from engine.llm import EngineArgs
     from engine.serve.real_run import run_real
     from experiments.cli.reporting import finish_run, prepare_out_dir, report_options
     from experiments.run_meta import measured_run_meta
@@ -38,7 +37,7 @@ def _run_real(args: argparse.Namespace) -> int:
     workload = dataclasses.replace(workload, extra={"seed": workload_cfg.seed})
     options = report_options(args)  # parsed now: a bad flag fails before the run
     out_dir = prepare_out_dir(Path(args.out) if args.out else default_out_dir("real"))
-    engine = EngineArgs(model=args.model, **engine_kwargs(args)).build()
+    engine = engine_args_from_flags(args).build()
     t0 = time.perf_counter()
     result = run_real(engine, workload, seed=workload_cfg.seed)
     meta = measured_run_meta(engine, workload, result, time.perf_counter() - t0)

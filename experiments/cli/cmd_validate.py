@@ -27,12 +27,11 @@ DEFAULT_WORKLOAD = {"dataset_name": "random", "num_prompts": 200, "random_input_
 
 
 def _engine_args(args: argparse.Namespace) -> Any:
-    from engine.llm import EngineArgs
-    from experiments.cli.flags import engine_kwargs
+    from experiments.cli.flags import engine_args_from_flags
 
     if not args.model:
         raise ConfigError("--model is required (unless --reuse-measured is given)")
-    return EngineArgs(model=args.model, **engine_kwargs(args))
+    return engine_args_from_flags(args)
 
 
 def _threads(args: argparse.Namespace) -> None:

@@ -4,8 +4,8 @@
   workload flags for a simulation (``simulate``, ``plan``); the workload group alone for the
   real engine (``run-real``, ``validate``). Each flag's destination is a key of
   ``experiments.simconfig.FLAG_FIELDS``, which maps it to its config field.
-* ``add_engine_flags`` / ``engine_kwargs`` — the real engine's flags (``generate``,
-  ``run-real``, ``profile``, ``validate``).
+* ``add_engine_flags`` / ``engine_args_from_flags`` — the real engine's flags and the
+  ``engine.llm.EngineArgs`` they give (``generate``, ``run-real``, ``profile``, ``validate``).
 * ``add_report_flags`` / ``default_out_dir`` — where a run is written and what its summary
   reports (``simulate``, ``run-real``).
 
@@ -16,9 +16,13 @@ when the user gives it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.llm import EngineArgs
 
 
 def add_sim_flags(p: argparse.ArgumentParser) -> None:
@@ -116,19 +120,25 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--engine-seed", type=int, default=0, help="seed of unseeded sampling")
 
 
-def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """``EngineArgs`` keyword arguments (all but ``model``) from ``add_engine_flags``' flags."""
-    return {
-        "dtype": args.dtype, "device": args.device, "max_model_len": args.max_model_len,
-        "max_num_batched_tokens": args.max_num_batched_tokens,
-        "max_num_seqs": args.max_num_seqs, "block_size": args.block_size,
-        "num_gpu_blocks": args.num_gpu_blocks, "kv_cache_memory": args.kv_cache_memory,
-        "gpu_memory_utilization": args.gpu_memory_utilization,
-        "enable_prefix_caching": not args.no_prefix_caching,
-        "enable_chunked_prefill": not args.no_chunked_prefill,
-        "async_scheduling": args.async_scheduling, "attention_backend": args.attention_backend,
-        "load_format": args.load_format, "seed": args.engine_seed,
-    }
+def engine_args_from_flags(args: argparse.Namespace) -> EngineArgs:
+    """The real engine ``add_engine_flags``' flags describe (torch is imported only now)."""
+    from engine.llm import REAL_ENGINE_KNOBS, EngineArgs
+
+    knobs = dataclasses.replace(
+        REAL_ENGINE_KNOBS,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
+        enable_chunked_prefill=not args.no_chunked_prefill,
+        async_scheduling=args.async_scheduling,
+        block_size=args.block_size,
+        enable_prefix_caching=not args.no_prefix_caching,
+    )
+    return EngineArgs(
+        model=args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
+        num_gpu_blocks=args.num_gpu_blocks, kv_cache_memory=args.kv_cache_memory,
+        gpu_memory_utilization=args.gpu_memory_utilization, load_format=args.load_format,
+        attention_backend=args.attention_backend, seed=args.engine_seed, engine=knobs,
+    )
 
 
 def add_report_flags(p: argparse.ArgumentParser, run_kind: str = "simulate") -> None:

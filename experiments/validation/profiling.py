@@ -126,7 +126,7 @@ def profile_engine(
     calibration = calibration or CalibrationSpec()
     files = ProfileFiles.of(csv_path)
     the_grid = make_grid(grid, engine_args, seed)
-    block_size = engine_args.block_size
+    block_size = engine_args.engine.block_size
     calib_blocks = max(calibration.concurrencies) * (
         -(-(2 * calibration.input_len + 2 * calibration.output_len) // block_size))
     blocks = max(the_grid.num_blocks(block_size), calib_blocks + 1)

@@ -223,7 +223,8 @@ def sim_config_like(meta: dict[str, Any], fitted_path: Path, *, mode: str = "in_
     mapped front-end costs. ``model``/``gpu`` stay catalogue labels: with ``num_gpu_blocks``
     and ``max_model_len`` given the catalogs are not consulted, so they carry the measured
     run's checkpoint and device as labels."""
-    from sim.config import EngineKnobs, FrontendConfig, SimConfig
+    from engine.core.config import EngineKnobs
+    from sim.config import FrontendConfig, SimConfig
 
     sched = meta["engine_config"]["scheduler"]
     cache = meta["engine_config"]["cache"]

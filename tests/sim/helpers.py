@@ -8,9 +8,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine.core.config import EngineKnobs
 from engine.core.interfaces import StepTime
 from engine.core.outputs import BatchShape
-from sim.config import EngineKnobs, FrontendConfig, SimConfig
+from sim.config import FrontendConfig, SimConfig
 from sim.runtime import SimResult, SimRuntime
 from workload.stream import Workload
 

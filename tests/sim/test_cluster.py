@@ -102,8 +102,8 @@ def test_a_closed_loop_client_wakes_for_an_earlier_delivery_of_another_replica()
     bounded by that release, spun at one instant forever). Found by fuzzing; both paths."""
     import signal
 
+    from engine.core.config import EngineKnobs
     from engine.core.events import EventKind
-    from sim.config import EngineKnobs
     from sim.runtime import SimRuntime
     from tests.sim.helpers import LinearCostModel
     from workload.stream import Workload

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.core.config import ConfigError
+from engine.core.config import ConfigError, EngineKnobs
 from engine.core.errors import UserError
 from experiments.cli import main
-from sim.config import EngineKnobs, SimConfig, kv_capacity, resolve_engine_config
+from sim.config import SimConfig, kv_capacity, resolve_engine_config
 from workload.config import WorkloadConfig
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from sim.config import EngineKnobs
+from engine.core.config import EngineKnobs
 from tests.sim.helpers import SIMPLE_FRONTEND, events, simulate, workload
 
 SYNC = EngineKnobs(async_scheduling=False)

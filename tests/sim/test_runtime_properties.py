@@ -11,10 +11,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import sim.runtime as runtime_module
+from engine.core.config import EngineKnobs
 from engine.core.engine_core import EngineCore
 from engine.core.events import EventKind
 from engine.core.scheduler import Scheduler
-from sim.config import EngineKnobs, SimConfig
+from sim.config import SimConfig
 from sim.executor import SimExecutor
 from sim.runtime import SimResult, SimRuntime, run_simulation
 from tests.sim.helpers import SIMPLE_FRONTEND, LinearCostModel, simulate, workload
