@@ -88,7 +88,7 @@ def run_case(name: str, num_prompts: int | None = None) -> dict[str, float]:
         "steps": stats["num_steps"],
         "bulk_share": stats["num_bulk_steps"] / max(stats["num_steps"], 1),
         "sim_wall_s": stats["wall_time_s"],
-        "simulated_s": stats["simulated_time_s"],
+        "simulated_s": stats["duration_s"],
         "peak_rss_mb": peak_mb,
         "compiled_modules": meta["compiled_modules"],
     }

@@ -1,17 +1,25 @@
-"""config.json of a run: what was run, on what, with which seed and code, and how it went.
+"""The metadata of a run (``reports.meta.RunMeta``, ``config.json``): one builder per world.
 
-One builder per world, so the CLI commands, the sweeps and the validation write the same
-metadata for the same kind of run: ``simulated_run_meta`` for a ``sim.runtime.SimResult``,
-``measured_run_meta`` for a run of the real engine (``engine.serve.real_run``). The keys are
-``reports.meta``'s (that module documents them).
+``simulated_run_meta`` describes a ``sim.runtime.SimResult``, ``measured_run_meta`` a run of the
+real engine (``engine.serve.real_run``); the CLI commands, the sweeps and the validation all
+call these, so the same kind of run is always described the same way. Both fill one record:
+the run's span on its own clock is ``stats.duration_s`` in either world.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from experiments.provenance import provenance
+from reports.meta import RunMeta, RunStats, WorkloadSummary
+
+if TYPE_CHECKING:
+    from engine.llm import RealEngine
+    from engine.serve.real_run import RealRunResult
+    from sim.runtime import SimResult
+    from workload.config import WorkloadConfig
+    from workload.stream import Workload
 
 
 def engine_config_dict(engine_config: Any) -> dict[str, dict[str, Any]]:
@@ -23,65 +31,78 @@ def engine_config_dict(engine_config: Any) -> dict[str, dict[str, Any]]:
     }
 
 
-def simulated_run_meta(result: Any) -> dict[str, Any]:
-    """config.json content of a simulated run: everything needed to rerun it."""
-    stats = result.stats
-    engine = result.engine_config
-    return {
-        "kind": "simulated",
-        "config": result.config.to_dict(),
-        "engine_config": engine_config_dict(engine),
-        "model_id": result.config.model,
-        "gpu": result.config.gpu,
-        "tensor_parallel_size": result.config.tensor_parallel_size,
-        "num_api_servers": result.config.frontend.num_api_servers,
-        "seed": result.config.seed,
-        "workload": {
-            "source": result.workload.source,
-            "num_prompts": len(result.workload),
-            "request_rate": result.workload.request_rate,
-            "burstiness": result.workload.burstiness,
-            "max_concurrency": result.workload.max_concurrency,
-        },
-        "stats": {k: float(getattr(stats, k)) for k in stats.__dataclass_fields__},
-        "reject_reasons": result.reject_reasons,
-        **provenance(),
-    }
+def workload_summary(workload: Workload) -> WorkloadSummary:
+    return WorkloadSummary(
+        source=workload.source,
+        num_prompts=len(workload),
+        request_rate=workload.request_rate,
+        burstiness=workload.burstiness,
+        max_concurrency=workload.max_concurrency,
+    )
+
+
+def simulated_run_meta(result: SimResult) -> RunMeta:
+    """A simulated run: its full config (everything needed to rerun it) and counters."""
+    cfg, stats = result.config, result.stats
+    return RunMeta(
+        kind="simulated",
+        config=cfg.to_dict(),
+        engine_config=engine_config_dict(result.engine_config),
+        model_id=cfg.model,
+        gpu=cfg.gpu,
+        tensor_parallel_size=cfg.tensor_parallel_size,
+        num_api_servers=cfg.frontend.num_api_servers,
+        seed=cfg.seed,
+        workload=workload_summary(result.workload),
+        stats=RunStats(
+            num_requests=stats.num_requests,
+            num_rejected=stats.num_rejected,
+            num_steps=stats.num_steps,
+            duration_s=stats.simulated_time_s,
+            wall_time_s=stats.wall_time_s,
+            api_server_busy_s=stats.api_server_busy_s,
+            output_processor_busy_s=stats.output_processor_busy_s,
+            num_bulk_steps=stats.num_bulk_steps,
+            num_bulk_runs=stats.num_bulk_runs,
+        ),
+        reject_reasons=result.reject_reasons,
+        provenance=provenance(),
+    )
 
 
 def measured_run_meta(
-    engine: Any, workload: Any, result: Any, wall_s: float
-) -> dict[str, Any]:
-    """config.json content of a measured run."""
-    return {
-        "kind": "real",
-        "config": {  # the engine knobs as a simulated run's config keeps them: "engine"
-            "engine_args": {k: getattr(engine.args, k)
-                            for k in engine.args.__dataclass_fields__ if k != "engine"},
-            "engine": dataclasses.asdict(engine.args.engine),
+    engine: RealEngine,
+    workload_cfg: WorkloadConfig,
+    workload: Workload,
+    result: RealRunResult,
+    wall_s: float,
+) -> RunMeta:
+    """A measured run of ``workload`` (built from ``workload_cfg``) on ``engine``; ``wall_s``
+    is the wall time the whole run took (warm-up included). The front end is in-process
+    here, so its busy times are 0."""
+    args = engine.args
+    return RunMeta(
+        kind="real",
+        config={  # the engine knobs under "engine", as a simulated run's config keeps them
+            "engine_args": {k: getattr(args, k) for k in args.__dataclass_fields__
+                            if k != "engine"},
+            "engine": dataclasses.asdict(args.engine),
+            "workload": dataclasses.asdict(workload_cfg),
         },
-        "engine_config": engine_config_dict(engine.engine_config),
-        "model_id": str(engine.args.model),
-        "device": str(engine.executor.device),
-        "attention_backend": engine.executor.attention_backend,
-        "num_api_servers": 1,
-        "seed": int(workload.extra.get("seed", 0)),
-        "workload": {
-            "source": workload.source,
-            "num_prompts": len(workload),
-            "request_rate": workload.request_rate,
-            "burstiness": workload.burstiness,
-            "max_concurrency": workload.max_concurrency,
-        },
-        "stats": {
-            "num_requests": len(workload),
-            "num_rejected": result.num_rejected,
-            "num_steps": result.event_log.num_steps,
-            "wall_time_s": wall_s,
-            "simulated_time_s": result.wall_time_s,
-            "api_server_busy_s": 0.0,
-            "output_processor_busy_s": 0.0,
-        },
-        "reject_reasons": result.reject_reasons,
-        **provenance(),
-    }
+        engine_config=engine_config_dict(engine.engine_config),
+        model_id=str(args.model),
+        device=str(engine.executor.device),
+        attention_backend=engine.executor.attention_backend,
+        num_api_servers=1,
+        seed=workload_cfg.seed,
+        workload=workload_summary(workload),
+        stats=RunStats(
+            num_requests=len(workload),
+            num_rejected=result.num_rejected,
+            num_steps=result.event_log.num_steps,
+            duration_s=result.wall_time_s,
+            wall_time_s=wall_s,
+        ),
+        reject_reasons=result.reject_reasons,
+        provenance=provenance(),
+    )

@@ -25,12 +25,17 @@ import multiprocessing
 import os
 import sys
 import traceback
+from collections.abc import Mapping
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.core.events import EventLog
 from reports.errors import ReportError
+
+if TYPE_CHECKING:
+    from reports.meta import RunMeta
+    from reports.options import SummaryOptions
 
 #: Logs with more steps than this are written in-process (copying one to the report process
 #: would briefly double the memory a long run holds).
@@ -65,9 +70,9 @@ class ReportProcess:
     def write(
         self,
         log: EventLog,
-        meta: dict[str, Any],
+        meta: RunMeta | Mapping[str, Any],
         out_dir: Path,
-        options: dict[str, Any],
+        options: SummaryOptions,
         plots: bool,
         file_format: str,
     ) -> tuple[dict[str, Any], str] | None:
@@ -133,7 +138,9 @@ def _serve(conn: Connection, parent_end: Connection | None = None) -> None:
         tables = build_tables(ExportedLog(exported))
         del exported, request
         summary = write_run_dir_from_tables(
-            Path(out_dir), tables, meta, **options, plots=plots, file_format=file_format
+            Path(out_dir), tables, meta, goodput=options.goodput,
+            percentiles=options.percentiles, percentile_metrics=options.percentile_metrics,
+            plots=plots, file_format=file_format,
         )
         _reply(conn, "ok", (summary, format_summary(summary)))
     except ReportError as exc:

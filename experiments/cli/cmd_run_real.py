@@ -19,11 +19,10 @@ from experiments.simconfig import workload_dict_from_args
 
 
 def _run_real(args: argparse.Namespace) -> int:
-    import dataclasses
     import time
 
     from engine.serve.real_run import run_real
-    from experiments.cli.reporting import finish_run, prepare_out_dir, report_options
+    from experiments.cli.reporting import FinishedRun, prepare_out_dir, report_options, write_run
     from experiments.run_meta import measured_run_meta
     from workload.build import build_workload
     from workload.config import WorkloadConfig
@@ -34,22 +33,18 @@ def _run_real(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.cpu_threads)
     workload_cfg = WorkloadConfig(**workload_dict_from_args(args))
     workload = build_workload(workload_cfg)
-    workload = dataclasses.replace(workload, extra={"seed": workload_cfg.seed})
     options = report_options(args)  # parsed now: a bad flag fails before the run
     out_dir = prepare_out_dir(Path(args.out) if args.out else default_out_dir("real"))
     engine = engine_args_from_flags(args).build()
     t0 = time.perf_counter()
     result = run_real(engine, workload, seed=workload_cfg.seed)
-    meta = measured_run_meta(engine, workload, result, time.perf_counter() - t0)
-    meta["config"]["workload"] = {
-        k: getattr(workload_cfg, k) for k in workload_cfg.__dataclass_fields__
-    }
-    from reports.tables import build_tables
-
-    finish_run(tables=build_tables(result.event_log), meta=meta, out_dir=out_dir, args=args,
-               options=options)
-    print(f"measured {len(workload)} requests in {meta['stats']['wall_time_s']:.1f} s "
-          f"on {meta['device']}", file=sys.stderr)
+    meta = measured_run_meta(engine, workload_cfg, workload, result, time.perf_counter() - t0)
+    run = FinishedRun(meta, result.event_log)
+    del result
+    # no report process: importing the report stack would take CPU from the measured run
+    write_run(run, out_dir, args, options)
+    print(f"measured {len(workload)} requests in {meta.stats.wall_time_s:.1f} s "
+          f"on {meta.device}", file=sys.stderr)
     return 0
 
 

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from engine.core.errors import UserError
 from experiments.cli.flags import add_report_flags, add_sim_flags, default_out_dir
 from experiments.simconfig import config_dict_from_args, load_experiment_file
 
@@ -42,14 +41,18 @@ def _simulate(args: argparse.Namespace) -> int:
 
     base = load_experiment_file(args.config) if args.config else {}
     cfg = SimConfig.from_dict(config_dict_from_args(args, base))
-    from experiments.cli.reporting import finish_run, prepare_out_dir, print_summary, report_options
+    from experiments.cli.reporting import (
+        FinishedRun,
+        prepare_out_dir,
+        report_options,
+        start_report_process,
+        write_run,
+    )
 
     options = report_options(args)  # parsed now: a bad flag fails before the run
     out_dir = prepare_out_dir(Path(args.out) if args.out else default_out_dir())
     progress = args.progress if args.progress is not None else sys.stderr.isatty()
-    from reports.report_process import ReportProcess
-
-    reporter = ReportProcess.start()  # imports the report stack while the simulation runs
+    reporter = start_report_process()  # imports the report stack while the simulation runs
     try:
         result = run_simulation(cfg, progress=progress)
     except BaseException:
@@ -58,27 +61,9 @@ def _simulate(args: argparse.Namespace) -> int:
         raise
     from experiments.run_meta import simulated_run_meta
 
-    meta = simulated_run_meta(result)
-    log = result.event_log
+    run = FinishedRun(simulated_run_meta(result), result.event_log)
     del result  # the log is all the report needs: free the rest before rendering it
-    written = None
-    if reporter is not None:
-        from reports.errors import ReportError
-
-        try:
-            written = reporter.write(
-                log, meta, out_dir, options, plots=not args.no_plots, file_format=args.format
-            )
-        except ReportError as exc:
-            raise UserError(str(exc)) from None
-    if written is not None:
-        print_summary(*written, out_dir)
-        return 0
-    from reports.tables import build_tables
-
-    tables = build_tables(log)
-    del log  # the event log is no longer needed: free it before rendering the report
-    finish_run(tables=tables, meta=meta, out_dir=out_dir, args=args, options=options)
+    write_run(run, out_dir, args, options, reporter)
     return 0
 
 

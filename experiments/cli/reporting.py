@@ -1,8 +1,11 @@
 """The common tail of every run (simulated or real): write the run directory and print results.
 
-Parses the vllm-bench-style result flags (``--goodput KEY:MS …``, ``--metric-percentiles``,
-``--percentile-metrics``) with ``reports.options`` and hands the tables to
-``reports.run_dir.write_run_dir_from_tables``.
+``simulate`` and ``run-real`` both end in ``write_run``: through the forked report process when
+the command started one before its run (``start_report_process``; ``simulate`` does, so the
+report stack imports while it simulates), else in-process; either way the same files and the
+same printed summary. The vllm-bench-style result flags (``--goodput KEY:MS …``,
+``--metric-percentiles``, ``--percentile-metrics``) are parsed by ``report_options`` before the
+run, so a bad one costs nothing.
 """
 
 from __future__ import annotations
@@ -10,27 +13,29 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.core.errors import UserError
 
 if TYPE_CHECKING:
-    from reports.tables import RunTables
+    from engine.core.events import EventLog
+    from reports.meta import RunMeta
+    from reports.options import SummaryOptions
+    from reports.report_process import ReportProcess
 
-def report_options(args: argparse.Namespace) -> dict[str, Any]:
+
+def report_options(args: argparse.Namespace) -> SummaryOptions:
     """The summary options of ``--goodput``, ``--metric-percentiles`` and
     ``--percentile-metrics`` (parsed by ``reports.options``, as ``report`` parses them).
     Call it before a run starts: a bad flag then costs nothing."""
     from reports.errors import ReportError
-    from reports.options import parse_goodput, parse_percentile_metrics, parse_percentiles
+    from reports.options import SummaryOptions
 
     try:
-        return {
-            "goodput": parse_goodput(args.goodput) if args.goodput else None,
-            "percentiles": parse_percentiles(args.metric_percentiles),
-            "percentile_metrics": parse_percentile_metrics(args.percentile_metrics),
-        }
+        return SummaryOptions.parse(args.goodput, args.metric_percentiles,
+                                    args.percentile_metrics)
     except ReportError as exc:
         raise UserError(str(exc)) from None
 
@@ -52,32 +57,58 @@ def prepare_out_dir(path: Path) -> Path:
     return path
 
 
-def finish_run(
-    *,
-    tables: RunTables,
-    meta: dict[str, Any],
+def start_report_process() -> ReportProcess | None:
+    """Fork the report process before a run, or None where it would not help (see
+    ``reports.report_process``)."""
+    from reports.report_process import ReportProcess
+
+    return ReportProcess.start()
+
+
+@dataclass(slots=True)
+class FinishedRun:
+    """A run handed over to be written: its metadata and event log. ``write_run`` lets go of
+    the log (sets it to None) once the tables are built, so a million-request log and its
+    tables are never in memory together; the caller should hold no other reference to it."""
+
+    meta: RunMeta
+    log: EventLog | None
+
+
+def write_run(
+    run: FinishedRun,
     out_dir: Path,
     args: argparse.Namespace,
-    options: dict[str, Any],
+    options: SummaryOptions,
+    reporter: ReportProcess | None = None,
 ) -> dict[str, Any]:
-    """Write the run directory (tables, summary, report) and print the summary.
+    """Write the run directory (tables, summary, report) and print the summary; the summary.
 
-    Takes the tables (``reports.tables.build_tables(log)``) rather than the event log, so a
-    caller can let go of a large log before the report is rendered; ``options`` are
-    ``report_options(args)``, parsed by the caller before its run.
+    With a ``reporter`` the forked process writes it, unless it steps aside (then, as without
+    one, it is written here). ``args`` gives ``--no-plots`` and ``--format``; a report error
+    is a ``UserError``.
     """
     from reports.errors import ReportError
-    from reports.metrics import format_summary
-    from reports.run_dir import write_run_dir_from_tables
 
+    assert run.log is not None, "a FinishedRun is written once"
+    plots, file_format = not args.no_plots, args.format
     try:
+        if reporter is not None:
+            written = reporter.write(run.log, run.meta, out_dir, options, plots=plots,
+                                     file_format=file_format)
+            if written is not None:
+                run.log = None
+                print_summary(*written, out_dir)
+                return written[0]
+        from reports.metrics import format_summary
+        from reports.run_dir import write_run_dir_from_tables
+        from reports.tables import build_tables
+
+        tables = build_tables(run.log)
+        run.log = None  # the event log is no longer needed: free it before rendering
         summary = write_run_dir_from_tables(
-            out_dir,
-            tables,
-            meta,
-            **options,
-            plots=not args.no_plots,
-            file_format=args.format,
+            out_dir, tables, run.meta, goodput=options.goodput, percentiles=options.percentiles,
+            percentile_metrics=options.percentile_metrics, plots=plots, file_format=file_format,
         )
     except ReportError as exc:
         raise UserError(str(exc)) from None

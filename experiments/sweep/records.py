@@ -160,8 +160,8 @@ def simulate_record(
     record.update(class_metrics(tables, result.workload.priorities, goodput))
     record["sim_num_steps"] = result.stats.num_steps
     record["sim_simulated_time_s"] = result.stats.simulated_time_s
-    record["version"] = meta.get("version")
-    record["git_commit"] = meta.get("git_commit")
+    record["version"] = meta.provenance.version
+    record["git_commit"] = meta.provenance.git_commit
     record["wall_time_s"] = time.perf_counter() - t0
     return record
 

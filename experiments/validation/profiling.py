@@ -162,7 +162,7 @@ def profile_engine(
         "cpu_ratio_median": float(np.nanmedian(ratios)) if ratios else None,
         "speed_probe_s": float(np.mean(probes)), "speed_probes_s": probes,
         "engine_args": {k: getattr(engine_args, k) for k in engine_args.__dataclass_fields__},
-        **provenance(),
+        **dataclasses.asdict(provenance()),
     }
     files.meta.write_text(json.dumps(plain_json(meta), indent=1) + "\n")
     engine.executor.shutdown()

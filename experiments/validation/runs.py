@@ -114,27 +114,25 @@ def serve_measured(engine: Any, workload_cfg: WorkloadConfig,
     from engine.worker.profiler import speed_probe
     from experiments.run_meta import measured_run_meta
 
-    workload = dataclasses.replace(build_workload(workload_cfg),
-                                   extra={"seed": workload_cfg.seed})
+    workload = build_workload(workload_cfg)
     probe_before = speed_probe(engine.executor)
     engine.executor.step_timings.clear()
     cpu0, t0 = time.thread_time(), time.perf_counter()
     result = run_real(engine, workload, seed=workload_cfg.seed)
     cpu_s, wall_s = time.thread_time() - cpu0, time.perf_counter() - t0
-    meta = measured_run_meta(engine, workload, result, wall_s)
-    meta["config"]["workload"] = dataclasses.asdict(workload_cfg)
+    meta = measured_run_meta(engine, workload_cfg, workload, result, wall_s)
     num_steps = result.event_log.num_steps
     timings = engine.executor.step_timings[-num_steps:] if num_steps else []
     if [t.step_id for t in timings] != list(range(num_steps)):
         raise RuntimeError("the executor's step timings do not line up with the run's steps")
     rows = step_shape_rows(timings)
     probe = (probe_before + speed_probe(engine.executor)) / 2
-    meta["stats"]["thread_cpu_s"] = cpu_s
-    meta["stats"]["cpu_share"] = cpu_share(result.event_log, cpu_s)
-    meta["stats"]["speed_probe_s"] = probe
-    meta["stats"]["speed_drift"] = probe / reference_probe_s if reference_probe_s else None
-    meta["label"] = "measured"
-    return MeasuredRun(plain_json(meta), result.event_log, rows)
+    stats = dataclasses.replace(
+        meta.stats, thread_cpu_s=cpu_s, cpu_share=cpu_share(result.event_log, cpu_s),
+        speed_probe_s=probe, speed_drift=probe / reference_probe_s if reference_probe_s else None,
+    )
+    meta = dataclasses.replace(meta, stats=stats, label="measured")
+    return MeasuredRun(plain_json(meta.to_dict()), result.event_log, rows)
 
 
 def cpu_share(log: EventLog, cpu_s: float) -> float | None:
@@ -262,10 +260,11 @@ def simulate_like(meta: dict[str, Any], fitted_path: Path, out_dir: Path, *, plo
     cfg = sim_config_like(meta, fitted_path, mode=mode, model=model)
     workload = build_workload(cfg.workload)
     result = SimRuntime(cfg, workload=workload, cost_model=model).run()
-    sim_meta = simulated_run_meta(result)
-    sim_meta["label"] = "simulated" if scale == 1.0 else "simulated (speed-corrected)"
-    sim_meta["frontend_mapping"] = mode
-    sim_meta["cost_model_scale"] = scale
+    sim_meta = dataclasses.replace(
+        simulated_run_meta(result),
+        label="simulated" if scale == 1.0 else "simulated (speed-corrected)",
+        notes={"frontend_mapping": mode, "cost_model_scale": scale},
+    )
     write_run_dir(out_dir, result.event_log, sim_meta, plots=plots,
                   percentile_metrics=("ttft", "tpot", "itl", "e2el"))
     return out_dir

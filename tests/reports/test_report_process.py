@@ -3,6 +3,7 @@ in-process path writes, reports its errors the same way, and steps aside when it
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -16,6 +17,7 @@ import pandas as pd
 import pytest
 
 from reports.errors import ReportError
+from reports.options import SummaryOptions
 from reports.report_process import ReportProcess, _serve
 from sim.config import SimConfig
 from sim.runtime import run_simulation
@@ -24,8 +26,8 @@ ROOT = Path(__file__).resolve().parents[2]
 ARGS = ["simulate", "--no-plots", "--no-progress", "--dataset-name", "random",
         "--num-prompts", "60", "--request-rate", "20", "--random-input-len", "300",
         "--random-output-len", "20", "--seed", "5"]
-OPTIONS: dict[str, Any] = {"goodput": None, "percentiles": [99.0],
-                           "percentile_metrics": ["ttft", "tpot", "itl"]}
+OPTIONS = SummaryOptions(goodput=None, percentiles=(99.0,),
+                         percentile_metrics=("ttft", "tpot", "itl"))
 
 
 def _simulate(out: Path, **env: str) -> subprocess.CompletedProcess[str]:
@@ -99,7 +101,7 @@ def test_it_returns_the_summary_and_its_printed_form(small_run: Any, tmp_path: P
 
 
 def test_a_report_error_is_raised_as_in_process(small_run: Any, tmp_path: Path) -> None:
-    bad = {**OPTIONS, "goodput": {"nonsense": 1.0}}
+    bad = dataclasses.replace(OPTIONS, goodput={"nonsense": 1.0})
     with pytest.raises(ReportError, match="nonsense"):
         _reporter().write(small_run.event_log, {"kind": "simulated"}, tmp_path, bad,
                           plots=False, file_format="csv")
@@ -135,3 +137,20 @@ def test_a_process_left_without_a_log_is_terminated_at_once() -> None:
     process = _Process()
     ReportProcess(process, ours).close()  # type: ignore[arg-type]
     assert process.calls == ["terminate", "join"]
+
+
+def test_write_run_turns_a_report_error_into_a_user_error(small_run: Any,
+                                                           tmp_path: Path) -> None:
+    """Whichever writer runs, the CLI's tail reports a bad option as one ``UserError``."""
+    import argparse
+
+    from engine.core.errors import UserError
+    from experiments.cli.reporting import FinishedRun, write_run
+    from experiments.run_meta import simulated_run_meta
+
+    bad = dataclasses.replace(OPTIONS, goodput={"nonsense": 1.0})
+    args = argparse.Namespace(no_plots=True, format="csv")
+    for reporter in (_reporter(), None):
+        run = FinishedRun(simulated_run_meta(small_run), small_run.event_log)
+        with pytest.raises(UserError, match="nonsense"):
+            write_run(run, tmp_path, args, bad, reporter)

@@ -61,3 +61,20 @@ def test_run_real_never_imports_the_simulator(tiny: Path, tmp_path: Path) -> Non
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
                          check=True).stdout
     assert out.strip().splitlines()[-1] == "0 []"
+
+
+def test_a_measured_run_is_described_as_a_simulated_one_is(tiny: Path, tmp_path: Path) -> None:
+    """The same record: the run's span is stats.duration_s, the knobs are config.engine."""
+    import json
+
+    assert main(["run-real", "--model", str(tiny), "--kv-cache-memory", "2MiB", "--no-plots",
+                 "--out", str(tmp_path), "--dataset-name", "random", "--num-prompts", "4",
+                 "--random-input-len", "16", "--random-output-len", "2"]) == 0
+    meta = json.loads((tmp_path / "config.json").read_text())
+    assert meta["kind"] == "real" and "gpu" not in meta and meta["device"] == "cpu"
+    assert 0 < meta["stats"]["duration_s"] <= meta["stats"]["wall_time_s"]
+    assert "simulated_time_s" not in meta["stats"]
+    assert meta["config"]["engine"]["async_scheduling"] is False
+    assert "max_num_seqs" in meta["config"]["engine"]
+    assert "max_num_seqs" not in meta["config"]["engine_args"]
+    assert meta["config"]["workload"]["num_prompts"] == 4
