@@ -8,6 +8,8 @@
   or kernels.
 * ``engine/worker`` imports ``engine.core`` and ``kernels``, not ``sim``; ``engine/serve``
   imports ``engine.core`` and ``engine.worker``.
+* ``engine/entrypoints`` (the server processes) imports ``engine.core`` and ``engine.serve``,
+  never torch/triton, the worker or the simulator: the engine behind it is given as a factory.
 * ``reports`` imports only ``engine.core.events`` of ours, plus pandas/numpy/matplotlib and
   pyarrow (pandas' Parquet engine, used directly to write tables in row groups).
 * ``kernels`` imports nothing of ours.
@@ -47,6 +49,10 @@ RULES: dict[str, Rule] = {
     "engine/worker": Rule(ours=("engine.worker", "engine.core", "kernels"), third_party=None),
     "engine/serve": Rule(
         ours=("engine.serve", "engine.core", "engine.worker"), third_party=None
+    ),
+    "engine/entrypoints": Rule(
+        ours=("engine.entrypoints", "engine.serve", "engine.core"), third_party=None,
+        forbidden_third_party=("torch", "triton"),
     ),
     "reports": Rule(
         ours=("reports", "engine.core.events"),
@@ -293,3 +299,14 @@ def test_checker_rules_of_other_packages() -> None:
                                  kernels)
     assert import_violations("from engine.core.config import X", "kernels.a", kernels)
     assert import_violations("from .. import engine", "kernels.a", kernels)
+
+
+def test_checker_rule_of_the_server_processes() -> None:
+    server = RULES["engine/entrypoints"]
+    assert not import_violations(
+        "import zmq, fastapi\nfrom engine.serve.frontend import Tokenizer\n"
+        "from engine.core.events import EventKind", "engine.entrypoints.x", server,
+    )
+    for source in ("import torch", "from sim import emulation", "from engine.worker import x",
+                   "from engine.llm import LLM", "from experiments import serve_engines"):
+        assert import_violations(source, "engine.entrypoints.x", server), source
