@@ -24,6 +24,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "experiments.cmd_reports",
     "experiments.cmd_real",
     "experiments.cmd_run_real",
+    "experiments.cmd_serve",
     "experiments.cmd_validate",
     "experiments.cmd_sweep",
     "experiments.cmd_plan",
