@@ -1,11 +1,14 @@
 """Benchmark: what the serving path itself adds — HTTP, IPC, the engine loop, the output path.
 
 Starts ``twinserve serve --emulate --cost-model zero`` (an emulated device whose steps take no
-time), so every millisecond a client measures belongs to the server: the API server (FastAPI,
-validation, output processing, SSE), the ZeroMQ hops and the EngineCore's busy loop. For each
-concurrency C, C streaming clients send requests back to back (closed loop) and the client-side
-TTFT and inter-token latency are reported (median and p99), as ``vllm bench serve`` measures
-them. Then the requests/s one API server sustains: 64 clients, one output token per request.
+time), then one whose steps take 10 ms, so what a client measures beyond the steps belongs to
+the server: the API server (FastAPI, validation, output processing, SSE), the ZeroMQ hops and
+the EngineCore's busy loop. For each concurrency C a fresh server is driven by C streaming
+clients sending requests back to back (closed loop); the client-side TTFT and inter-token
+latency are reported (median and p99) as ``vllm bench serve`` measures them, beside the
+server's own request-path segments from its run directory (in: HTTP request received -> in the
+engine's queue; out: first token applied -> written to the client). Then the requests/s one
+API server sustains: 64 clients, one output token per request.
 
 The small load client here (``replay``, ``closed_loop``) streams completions over keep-alive
 HTTP/1.1 connections with asyncio streams (lean, because on a small machine the client shares
@@ -24,10 +27,12 @@ import json
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import urlsplit
 
 
@@ -189,6 +194,8 @@ class Row:
     itl_p99_ms: float
     requests_per_s: float
     chunks_per_request: float
+    in_path_p50_ms: float = float("nan")  # server: HTTP received -> in the engine's queue
+    out_path_p50_ms: float = float("nan")  # server: first token applied -> written to client
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -198,15 +205,26 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
-def summarize(concurrency: int, records: list[ClientRecord], wall_s: float) -> Row:
+def summarize(concurrency: int, records: list[ClientRecord], wall_s: float,
+              run_dir: Path | None = None) -> Row:
+    """Client-side figures, and the server's own request-path segments from its run
+    directory (``twinserve serve --record-dir``), if given."""
     ok = [r for r in records if r.error is None]
     ttfts = [r.ttft_s * 1000 for r in ok]
     itls = [x * 1000 for r in ok for x in r.itls_s]
+    in_path = out_path = float("nan")
+    if run_dir is not None:
+        import pandas as pd
+
+        req = pd.read_parquet(run_dir / "requests.parquet")
+        in_path = float((req["engine_enqueued_s"] - req["arrival_s"]).median()) * 1000
+        out_path = float(req["seg_output_first_s"].median()) * 1000
     return Row(
         concurrency, len(records), len(records) - len(ok),
         _percentile(ttfts, 50), _percentile(ttfts, 99),
         _percentile(itls, 50), _percentile(itls, 99),
         len(ok) / wall_s, statistics.fmean(r.num_chunks for r in ok) if ok else 0.0,
+        in_path, out_path,
     )
 
 
@@ -216,7 +234,8 @@ class EmulatedServer:
     def __init__(self, *flags: str) -> None:
         cmd = [sys.executable, "-m", "experiments.cli", "serve", "--emulate", "--port", "0",
                *flags]
-        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     text=True)
         self.url = ""
         ready = threading.Event()
 
@@ -238,24 +257,22 @@ class EmulatedServer:
         self.proc.wait(120)
 
 
-def measure(model: str, step_ms: float, levels: list[int], per_client: int, prompt_len: int,
-            output_len: int, api_server_count: int, throughput_requests: int,
-            throughput_clients: int) -> tuple[list[Row], Row]:
-    """One emulated server whose steps take ``step_ms``: a row per concurrency level, and the
-    requests/s row (one output token per request)."""
-    server = EmulatedServer("--model", model, "--cost-model", f"fixed:{step_ms / 1000}",
-                            "--api-server-count", str(api_server_count))
-    base = server.url + "/v1"
-    try:
-        closed_loop(base, 2, 2, prompt_len, 4)  # warm-up
-        rows = []
-        for c in levels:
-            records, wall = closed_loop(base, c, per_client, prompt_len, output_len)
-            rows.append(summarize(c, records, wall))
-        records, wall = closed_loop(base, throughput_clients, throughput_requests, prompt_len, 1)
-        return rows, summarize(throughput_clients, records, wall)
-    finally:
-        server.stop()
+def measure(model: str, step_ms: float, concurrency: int, per_client: int, prompt_len: int,
+            output_len: int, api_server_count: int) -> Row:
+    """A fresh emulated server whose steps take ``step_ms``, driven by ``concurrency``
+    closed-loop streaming clients; its run directory gives the server-side segments."""
+    with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
+        run_dir = Path(tmp) / "run"
+        server = EmulatedServer("--model", model, "--cost-model", f"fixed:{step_ms / 1000}",
+                                "--api-server-count", str(api_server_count),
+                                "--record-dir", str(run_dir), "--no-plots")
+        base = server.url + "/v1"
+        try:
+            closed_loop(base, 1, 2, prompt_len, 2)  # warm-up (its 2 requests are recorded)
+            records, wall = closed_loop(base, concurrency, per_client, prompt_len, output_len)
+        finally:
+            server.stop()
+        return summarize(concurrency, records, wall, run_dir)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -279,8 +296,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.smoke:
         levels, steps, per_client, tput_requests, tput_clients = [1, 4], [0.0], 2, 1, 4
     for step_ms in steps:
-        rows, tput = measure(args.model, step_ms, levels, per_client, args.prompt_len,
-                             args.output_len, args.api_server_count, tput_requests, tput_clients)
+        rows = [measure(args.model, step_ms, c, per_client, args.prompt_len, args.output_len,
+                        args.api_server_count) for c in levels]
+        tput = measure(args.model, step_ms, tput_clients, tput_requests, args.prompt_len, 1,
+                       args.api_server_count)
         if args.json:
             for row in [*rows, tput]:
                 print(json.dumps({"step_ms": step_ms,
@@ -288,11 +307,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             continue
         print(f"emulated {args.model}, every step {step_ms:g} ms; prompt {args.prompt_len} "
               f"tokens, {args.output_len} output tokens; {args.api_server_count} API server(s)")
+        print("client-side TTFT and ITL (ms); server-side in = HTTP received -> engine "
+              "queue, out = first token applied -> written (ms, medians)")
         print(f"{'streams':>7} {'reqs':>5} {'err':>3} {'TTFT p50':>9} {'TTFT p99':>9} "
-              f"{'ITL p50':>8} {'ITL p99':>8} {'req/s':>7} {'chunks/req':>10}")
+              f"{'ITL p50':>8} {'ITL p99':>8} {'in p50':>7} {'out p50':>7} {'req/s':>7} "
+              f"{'chunks/req':>10}")
         for r in rows:
             print(f"{r.concurrency:>7} {r.requests:>5} {r.errors:>3} {r.ttft_p50_ms:>9.2f} "
                   f"{r.ttft_p99_ms:>9.2f} {r.itl_p50_ms:>8.2f} {r.itl_p99_ms:>8.2f} "
+                  f"{r.in_path_p50_ms:>7.2f} {r.out_path_p50_ms:>7.2f} "
                   f"{r.requests_per_s:>7.1f} {r.chunks_per_request:>10.1f}")
         print(f"requests/s with {tput.concurrency} clients, 1 output token each: "
               f"{tput.requests_per_s:.1f} ({tput.errors} errors)\n")

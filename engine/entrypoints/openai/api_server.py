@@ -22,6 +22,7 @@ import logging
 import signal
 import socket
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from multiprocessing.connection import Connection
 from typing import Any
@@ -91,6 +92,7 @@ def build_app(cfg: APIServerConfig, lifeline: Connection) -> FastAPI:
     tokenizer = Tokenizer.from_dir(cfg.tokenizer_dir) if cfg.tokenizer_dir else None
     recorder = StageRecorder(cfg.index, cfg.record_dir is not None)
     serving_ref: list[OpenAIServing] = []
+    created = int(time.time())  # /v1/models' "created": when this server started
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -99,8 +101,9 @@ def build_app(cfg: APIServerConfig, lifeline: Connection) -> FastAPI:
         _watch_lifeline(lifeline, client, asyncio.get_running_loop())
         try:
             await client.start()
-            serving_ref.append(OpenAIServing(client, tokenizer, cfg.served_model_name,
-                                             recorder, clock))
+            serving = OpenAIServing(client, tokenizer, cfg.served_model_name, recorder, clock)
+            serving.warm_up()
+            serving_ref.append(serving)
             lifeline.send(READY)
             yield
         finally:
@@ -154,8 +157,7 @@ def build_app(cfg: APIServerConfig, lifeline: Connection) -> FastAPI:
     @app.get("/v1/models")
     async def models() -> Response:
         s = serving()
-        card = ModelCard(cfg.served_model_name, int(cfg.clock_origin_s), cfg.model_root,
-                         s.max_model_len)
+        card = ModelCard(cfg.served_model_name, created, cfg.model_root, s.max_model_len)
         return json_response(ModelList([card]))
 
     @app.post("/v1/completions")

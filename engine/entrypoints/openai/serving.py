@@ -18,6 +18,7 @@ freed); a dead engine ends every request in flight with an error.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 import uuid
@@ -294,6 +295,18 @@ class OpenAIServing:
         include_usage = bool(body.stream) and options is not None and bool(options.include_usage)
         continuous = include_usage and bool(options and options.continuous_usage_stats)
         return _Prepared(prompt_ids, params, bool(body.stream), include_usage, continuous)
+
+    def warm_up(self) -> None:
+        """Pay the first-use costs (jinja import and template compilation, the tokenizer's
+        first calls) before the first request does."""
+        tokenizer = self.tokenizer
+        if tokenizer is None:
+            return
+        tokenizer.decode(tokenizer.encode("Hello world"))
+        if tokenizer.chat_template is not None:
+            # a template that refuses a lone user turn still got compiled
+            with contextlib.suppress(TokenizerError):
+                tokenizer.apply_chat_template([{"role": "user", "content": "Hello"}])
 
     def abort_soon(self, req_id: str) -> None:
         """Abort a request from a synchronous context (a response closing)."""
