@@ -99,23 +99,33 @@ class AsyncEngineClient:
         return len(self._live)
 
     # -- lifecycle ------------------------------------------------------------------------------
-    async def start(self) -> EngineInfo:
-        """Wait for every engine's handshake; start the output handler."""
+    async def start(self, stopping: Callable[[], bool] = lambda: False) -> EngineInfo:
+        """Wait for every engine's handshake (an engine may take long to load its model;
+        the wait ends early if the engine dies or ``stopping()`` turns true); start the output
+        handler."""
         ready: set[bytes] = set()
         info: EngineInfo | None = None
-        while len(ready) < self.num_engines:
-            recv = asyncio.ensure_future(self._router.recv_multipart())
-            dead = asyncio.ensure_future(self._dead.wait())
-            done, _ = await asyncio.wait({recv, dead}, return_when=asyncio.FIRST_COMPLETED)
-            if dead in done:
-                recv.cancel()
-                raise EngineDeadError(f"the engine died during startup: {self.dead_reason}")
+        recv = asyncio.ensure_future(self._router.recv_multipart())
+        dead = asyncio.ensure_future(self._dead.wait())
+        try:
+            while len(ready) < self.num_engines:
+                done, _ = await asyncio.wait({recv, dead}, timeout=0.1,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if dead in done:
+                    raise EngineDeadError(f"the engine died during startup: {self.dead_reason}")
+                if stopping():
+                    raise EngineDeadError("the server stopped before the engine was ready")
+                if recv not in done:
+                    continue
+                identity, data = recv.result()
+                recv = asyncio.ensure_future(self._router.recv_multipart())
+                message = self.codec.decode_engine(data)
+                if isinstance(message, EngineReady):
+                    ready.add(identity)
+                    info = message.info
+        finally:
+            recv.cancel()
             dead.cancel()
-            identity, data = recv.result()
-            message = self.codec.decode_engine(data)
-            if isinstance(message, EngineReady):
-                ready.add(identity)
-                info = message.info
         assert info is not None
         self.info = info
         self.metrics = ServerMetrics(self.model_name, info.max_model_len)
@@ -137,6 +147,8 @@ class AsyncEngineClient:
             return
         self.dead_reason = reason
         self._dead.set()
+        if self._output_task is None:
+            return  # still starting: nothing in flight
         logger.error("API server %d: the engine is dead (%s); failing %d request(s)",
                      self.client_index, reason, len(self._live))
         error = EngineDeadError(f"the engine died: {reason}")

@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import queue
 import signal
+import sys
 import threading
 import traceback
 from collections.abc import Callable, Sequence
@@ -350,7 +351,11 @@ def run_engine_core(
 
     signal.signal(signal.SIGTERM, on_term)
     _watch_lifeline(lifeline, on_term)
-    engine = factory.build(clock)
+    try:
+        engine = factory.build(clock)
+    except UserError as exc:  # e.g. a checkpoint that cannot be loaded: one line, no traceback
+        print(f"twinserve: error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(2)
     proc.append(EngineCoreProc(cfg, engine, clock))
     if stop.is_set():
         proc[0].request_shutdown()

@@ -202,16 +202,17 @@ class Launcher:
 
     def _engine_died(self, was_serving: bool) -> int:
         assert self.engine is not None
+        self.engine.process.join(5.0)  # reap it: its exit status
         code = self.engine.process.exitcode
+        reason = f"the EngineCore process exited unexpectedly (status {code})"
+        for child in self.api_servers:  # a server still waiting for the handshake stops too
+            with contextlib.suppress(OSError, BrokenPipeError):
+                child.conn.send((ENGINE_DEAD, reason))
         if not was_serving:
             _report(f"the EngineCore process exited (status {code}) before the server was "
                     "ready; see its messages above")
             return 1
-        reason = f"the EngineCore process exited unexpectedly (status {code})"
         _report(f"{reason}; failing requests in flight and stopping the server")
-        for child in self.api_servers:
-            with contextlib.suppress(OSError, BrokenPipeError):
-                child.conn.send((ENGINE_DEAD, reason))
         deadline = time.monotonic() + self.cfg.engine_death_grace_s
         while (left := deadline - time.monotonic()) > 0:  # a signal ends the grace early
             if self._signal_r in wait([self._signal_r], timeout=left):

@@ -21,7 +21,7 @@ from experiments.cli import main as twinserve
 from experiments.serve_run_dir import read_records
 from tests.serve.conftest import TINY_FLAGS, assert_gone, stop_and_check
 from tests.serve.metrics import scrape
-from tests.serve.server import ServerProcess, wait_for
+from tests.serve.server import ServerProcess, alive, descendants, wait_for
 
 
 def pid_of(server: ServerProcess, name: str) -> int:
@@ -167,6 +167,52 @@ def test_api_key_and_two_api_servers(tiny_model: Path) -> None:
         assert values["vllm:e2e_request_latency_seconds_count"] == 13
     finally:
         assert stop_and_check(server) == 0
+
+
+def test_a_checkpoint_the_engine_cannot_load_stops_the_server(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """The EngineCore fails while loading (no weights): its one error line, then the
+    launcher's, and nothing left running."""
+    import shutil
+    import subprocess
+    import sys
+
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_model, broken)
+    for weights in broken.glob("*.safetensors"):
+        weights.unlink()
+    done = subprocess.run(
+        [sys.executable, "-m", "experiments.cli", "serve", "--model", str(broken), "--port", "0",
+         *TINY_FLAGS], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert any(line.startswith("twinserve: error:") and "safetensors" in line for line in lines)
+    assert lines[-1].startswith("twinserve: the EngineCore process exited (status 2) before")
+    assert "Traceback" not in done.stderr
+
+
+def test_a_signal_during_startup_stops_everything(tiny_model: Path) -> None:
+    """SIGTERM while the engine still loads: the API server stops waiting for its handshake,
+    the engine stops once loaded, the launcher exits cleanly."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "experiments.cli", "serve", "--model", str(tiny_model), "--port",
+         "0", *TINY_FLAGS], stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if line.startswith("twinserve: started API server 0"):
+            break
+    children = descendants(proc.pid)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == 0, "".join(seen) + proc.stderr.read()
+    assert "serving" not in "".join(seen)
+    wait_for(lambda: not any(alive(p) for p in children), timeout_s=5.0)
+    assert not [p for p in children if alive(p)]
 
 
 def test_bad_command_lines_are_one_error_line(tiny_model: Path,

@@ -37,7 +37,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from engine.entrypoints.api_proc import ENGINE_DEAD, READY, APIServerConfig
 from engine.entrypoints.clock import run_clock
-from engine.entrypoints.engine_client import AsyncEngineClient
+from engine.entrypoints.engine_client import AsyncEngineClient, EngineDeadError
 from engine.entrypoints.metrics import render_metrics
 from engine.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -87,7 +87,22 @@ class FrontDoor:
         await self.app(scope, receive, send)
 
 
-def build_app(cfg: APIServerConfig, lifeline: Connection) -> FastAPI:
+class ServerControl:
+    """The app's handle on the uvicorn server that runs it (set once the server exists)."""
+
+    def __init__(self) -> None:
+        self.server: uvicorn.Server | None = None
+
+    def stopping(self) -> bool:
+        return self.server is not None and self.server.should_exit
+
+    def request_exit(self) -> None:
+        if self.server is not None:
+            self.server.should_exit = True
+
+
+def build_app(cfg: APIServerConfig, lifeline: Connection, control: ServerControl) -> FastAPI:
+    """The app (its server is told to exit, quietly, when the engine never becomes ready)."""
     clock = run_clock(cfg.clock_origin_s)
     tokenizer = Tokenizer.from_dir(cfg.tokenizer_dir) if cfg.tokenizer_dir else None
     recorder = StageRecorder(cfg.index, cfg.record_dir is not None)
@@ -100,7 +115,12 @@ def build_app(cfg: APIServerConfig, lifeline: Connection) -> FastAPI:
                                    cfg.num_engines, clock, cfg.served_model_name)
         _watch_lifeline(lifeline, client, asyncio.get_running_loop())
         try:
-            await client.start()
+            try:
+                await client.start(control.stopping)
+            except EngineDeadError:  # the launcher reports why; this server just stops
+                control.request_exit()
+                yield
+                return
             serving = OpenAIServing(client, tokenizer, cfg.served_model_name, recorder, clock)
             serving.warm_up()
             serving_ref.append(serving)
@@ -116,6 +136,8 @@ def build_app(cfg: APIServerConfig, lifeline: Connection) -> FastAPI:
     app.add_middleware(FrontDoor, clock=clock, api_key=cfg.api_key)
 
     def serving() -> OpenAIServing:
+        if not serving_ref:
+            raise APIError(503, "the server is not serving", "ServiceUnavailableError")
         return serving_ref[0]
 
     @app.exception_handler(RequestValidationError)
@@ -233,9 +255,11 @@ class _Server(uvicorn.Server):
 def serve(cfg: APIServerConfig, sock: socket.socket, lifeline: Connection) -> None:
     """Run the API server on the listening socket ``sock`` (shared by every API server)."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    app = build_app(cfg, lifeline)
+    control = ServerControl()
     config = uvicorn.Config(
-        app, lifespan="on", loop="uvloop", http="httptools", log_level=cfg.log_level,
-        access_log=False, timeout_graceful_shutdown=int(max(cfg.shutdown_timeout_s, 1)),
+        build_app(cfg, lifeline, control), lifespan="on", loop="uvloop", http="httptools",
+        log_level=cfg.log_level, access_log=False,
+        timeout_graceful_shutdown=int(max(cfg.shutdown_timeout_s, 1)),
     )
-    _Server(config).run(sockets=[sock])
+    control.server = _Server(config)
+    control.server.run(sockets=[sock])
