@@ -65,6 +65,21 @@ def test_greedy_chat_equals_twinserve_generate_chat(
     assert served == generate(capsys, tiny_model, "--chat", *args)
 
 
+def test_chat_content_parts_as_vllm_bench_sends_them(
+    tiny_server: ServerProcess, tiny_model: Path
+) -> None:
+    """vllm bench's chat client sends ``content: [{"type": "text", "text": ...}]`` and
+    ``max_completion_tokens``: the same answer as plain string content."""
+    answers = []
+    for content in ("Hello there", [{"type": "text", "text": "Hello there"}]):
+        body = {"model": str(tiny_model), "messages": [{"role": "user", "content": content}],
+                "max_completion_tokens": 8, "temperature": 0.0}
+        reply = tiny_server.request("POST", "/v1/chat/completions", body)
+        assert reply.status == 200, reply.body
+        answers.append(reply.json()["choices"][0]["message"]["content"])
+    assert answers[0] == answers[1] and answers[0]
+
+
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])
 def test_concatenated_stream_equals_non_streamed(
     tiny_server: ServerProcess, tiny_model: Path, endpoint: str
