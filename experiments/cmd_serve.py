@@ -195,7 +195,12 @@ def _write_run_dir(args: argparse.Namespace, cfg: Any, engine_meta: dict[str, An
                    engine_config: Any, options: Any) -> None:
     from experiments.provenance import provenance
     from experiments.reporting import finish_run
-    from experiments.serve_run_dir import external_ids, joined_log, read_records
+    from experiments.serve_run_dir import (
+        external_ids,
+        joined_log,
+        read_records,
+        served_tables,
+    )
     from reports.tables import ExportedLog, build_tables
 
     out = Path(args.record_dir)
@@ -227,6 +232,12 @@ def _write_run_dir(args: argparse.Namespace, cfg: Any, engine_meta: dict[str, An
     }
     tables = build_tables(ExportedLog(joined))
     finish_run(tables=tables, meta=meta, out_dir=out, args=args, options=options)
+    for name, table in zip(("served_requests", "served_steps"),
+                           served_tables(records, joined), strict=True):
+        if args.format == "parquet":
+            table.to_parquet(out / f"{name}.parquet", index=False)
+        else:
+            table.to_csv(out / f"{name}.csv", index=False)
 
 
 def _engine_config_dict(engine_config: Any, engine: Any) -> dict[str, Any]:

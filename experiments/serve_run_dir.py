@@ -11,6 +11,10 @@ writes the run directory ``twinserve report`` reads, like a simulated or ``run-r
 * token runs and steps are the engine's; a step's delivery time is when the last of its
   tokens was written to a client, over all API servers;
 * time 0 is the first request's arrival.
+
+``served_tables`` adds what only a server has (the engine's receive time of each request, the
+output handler's time per step, the clients' own request ids) as ``served_requests`` and
+``served_steps`` tables beside the others.
 """
 
 from __future__ import annotations
@@ -73,7 +77,7 @@ def joined_log(records: ServedRecords) -> dict[str, Any]:
     req_ids = sorted(dict.fromkeys([*arrival, *engine_ids]),
                      key=lambda r: (arrival.get(r, late), r))
     index = {r: i for i, r in enumerate(req_ids)}
-    origin = min(arrival.values(), default=0.0)
+    origin = _origin(records)
 
     ev = engine["events"]
     engine_req = [index[engine_ids[i]] for i in ev["req_index"]]
@@ -109,6 +113,52 @@ def joined_log(records: ServedRecords) -> dict[str, Any]:
             "time_s": [delivered[s] - origin for s in step_ids],
         },
     }
+
+
+def served_tables(records: ServedRecords, joined: dict[str, Any]) -> tuple[Any, Any]:
+    """The stages only a server has, on the run's timeline (time 0 = first arrival):
+
+    * per request (``req_index`` as in the requests table): the client's own id
+      (``X-Request-Id``), the API server that took it, when the engine's input thread received
+      it (``engine_received_s``; IPC in is ``tokenized_s`` → this, the busy loop's pickup is
+      this → ``engine_enqueued_s``);
+    * per step and API server: when its output handler had processed the step's outputs
+      (``processed_s``) and when the step's last token was written to a client
+      (``delivered_s``).
+    """
+    import pandas as pd
+
+    origin = _origin(records)
+    server_of = {r: rec.client_index for rec in records.api_servers for r in set(rec.req_ids)}
+    ids = external_ids(records)
+    received = records.engine.received_s
+    req_ids = joined["req_ids"]
+    requests = pd.DataFrame({
+        "req_index": range(len(req_ids)),
+        "req_id": req_ids,
+        "client_request_id": [ids.get(r) for r in req_ids],
+        "api_server": pd.array([server_of.get(r) for r in req_ids], dtype="Int64"),
+        "engine_received_s": [received[r] - origin if r in received else float("nan")
+                              for r in req_ids],
+    })
+    rows = []
+    engine = records.engine.engine_index
+    for rec in records.api_servers:
+        keys = set(rec.step_processed_s) | set(rec.step_delivered_s)
+        for e, step in sorted(keys):
+            if e != engine:
+                continue
+            rows.append((step, rec.client_index,
+                         rec.step_processed_s.get((e, step), float("nan")) - origin,
+                         rec.step_delivered_s.get((e, step), float("nan")) - origin))
+    steps = pd.DataFrame(rows, columns=["step_id", "api_server", "processed_s", "delivered_s"])
+    return requests, steps
+
+
+def _origin(records: ServedRecords) -> float:
+    arrivals = [t for rec in records.api_servers
+                for k, t in zip(rec.kinds, rec.times_s, strict=True) if k == EventKind.ARRIVAL]
+    return min(arrivals, default=0.0)
 
 
 def external_ids(records: ServedRecords) -> dict[str, str]:

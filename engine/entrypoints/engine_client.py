@@ -25,6 +25,7 @@ import zmq.asyncio
 
 from engine.core.sampling_params import SamplingParams
 from engine.entrypoints.metrics import ServerMetrics
+from engine.entrypoints.records import StageRecorder
 from engine.entrypoints.stream import Delta, OutputStream, RequestText
 from engine.entrypoints.wire import (
     AbortRequests,
@@ -69,11 +70,13 @@ class AsyncEngineClient:
         num_engines: int,
         clock: Callable[[], float],
         model_name: str,
+        recorder: StageRecorder | None = None,
     ) -> None:
         self.client_index = client_index
         self.num_engines = num_engines
         self.clock = clock
         self.model_name = model_name
+        self.recorder = recorder
         self.codec = Codec()
         self._ctx = zmq.asyncio.Context()
         self._router = self._ctx.socket(zmq.ROUTER)
@@ -247,4 +250,6 @@ class AsyncEngineClient:
                 )
         if message.stats is not None:
             metrics.record_stats(message.stats)
+        if self.recorder is not None and message.step_id >= 0:
+            self.recorder.processed(message.engine_index, message.step_id, self.clock())
         return to_abort

@@ -137,6 +137,7 @@ class EngineCoreProc:
         self.inputs: queue.Queue[ClientMessage | _Shutdown] = queue.Queue()
         self._outputs: queue.Queue[tuple[int, EngineMessage] | None] = queue.Queue()
         self._client_of: dict[str, int] = {}  # live request -> API server index
+        self._received_s: dict[str, float] = {}  # input thread's receive times (recording)
         self._ctx = zmq.Context()
         self._stop_input = threading.Event()
         self._threads = [
@@ -181,6 +182,7 @@ class EngineCoreProc:
             max_model_len=self.info.max_model_len,
             num_gpu_blocks=self.info.num_gpu_blocks,
             device=self.info.device,
+            received_s=dict(self._received_s),
         )
         write_pickle(Path(self.cfg.record_path), record)
 
@@ -287,6 +289,8 @@ class EngineCoreProc:
     # -- the IO threads -------------------------------------------------------------------------
     def _input_thread(self) -> None:
         codec = Codec()
+        clock = self.clock
+        received = self._received_s if self.cfg.record_path is not None else None
         identity = engine_identity(self.cfg.engine_index)
         sockets = []
         poller = zmq.Poller()
@@ -307,7 +311,10 @@ class EngineCoreProc:
                             data = sock.recv(zmq.NOBLOCK)
                         except zmq.Again:
                             break
-                        self.inputs.put(codec.decode_client(data))
+                        message = codec.decode_client(data)
+                        if received is not None and isinstance(message, AddRequest):
+                            received[message.req_id] = clock()
+                        self.inputs.put(message)
         except zmq.ContextTerminated:
             pass
         finally:

@@ -6,10 +6,12 @@ Each process records the events of the request path it sees, on the run's clock
 * an API server: ``ARRIVAL`` (the HTTP request was received; payload: prompt tokens),
   ``FRONTEND_START`` (its handler started validating), ``TOKENIZED`` (template, tokenization
   and validation done: sent to the engine), ``DELIVERED`` (the request's last token reached
-  the client's connection), ``REJECTED`` (refused with a 4xx; payload: the message), and when
-  each engine step's tokens were sent to the clients (per step: the last of its requests);
+  the client's connection), ``REJECTED`` (refused with a 4xx; payload: the message); per engine
+  step, when its output handler had processed the step's outputs and when the step's tokens
+  were written to the clients (the last of its requests);
 * the EngineCore: its core's ``EventLog`` (enqueued, scheduled, preempted, tokens, finished,
-  one record per step), exactly as every other driver writes it.
+  one record per step), exactly as every other driver writes it, and when its input thread
+  received each request (so IPC in and the busy loop's pickup can be told apart).
 
 ``APIServerRecord`` and ``EngineRecord`` are what the processes leave in the record directory
 (pickles: internal files, read back by the launcher that wrote the run directory).
@@ -39,6 +41,8 @@ class EngineRecord:
     max_model_len: int
     num_gpu_blocks: int
     device: str
+    #: req_id -> when the engine's input thread received it (before the busy loop took it)
+    received_s: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -52,6 +56,9 @@ class APIServerRecord:
     payloads: list[int | str | None] = field(default_factory=list)
     #: internal req_id -> the client's own id (X-Request-Id), for joins with client records
     external_ids: dict[str, str] = field(default_factory=dict)
+    #: (engine index, step id) -> when the output handler had processed the step's outputs
+    #: (detokenized, handed to the requests' streams)
+    step_processed_s: dict[tuple[int, int], float] = field(default_factory=dict)
     #: (engine index, step id) -> when the step's last token reached a client of this server
     step_delivered_s: dict[tuple[int, int], float] = field(default_factory=dict)
 
@@ -77,6 +84,11 @@ class StageRecorder:
     def external_id(self, req_id: str, external: str) -> None:
         if self.enabled:
             self.record.external_ids[req_id] = external
+
+    def processed(self, engine_index: int, step_id: int, time_s: float) -> None:
+        """The output handler is done with one engine message of step ``step_id``."""
+        if self.enabled:
+            self.record.step_processed_s[(engine_index, step_id)] = time_s
 
     def delivered(self, engine_index: int, step_ids: list[int], time_s: float) -> None:
         """Tokens of these steps reached a client at ``time_s``."""

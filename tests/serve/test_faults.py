@@ -132,6 +132,12 @@ def test_run_directory_of_a_served_run_is_reported(
     assert req["arrival_s"].min() == 0.0
     assert (req["seg_frontend_cpu_s"] > 0).all() and (req["seg_ipc_in_s"] > 0).all()
     assert (req["seg_output_first_s"] > 0).all()
+    served = pd.read_parquet(record_dir / "served_requests.parquet")
+    assert served["client_request_id"].tolist() == [f"client-{i}" for i in range(4)]
+    assert (req["tokenized_s"] < served["engine_received_s"]).all()
+    assert (served["engine_received_s"] <= req["engine_enqueued_s"]).all()
+    steps = pd.read_parquet(record_dir / "served_steps.parquet").dropna()
+    assert len(steps) and (steps["processed_s"] <= steps["delivered_s"]).all()
     records = read_records(record_dir / "records", 1)
     assert sorted(records.api_servers[0].external_ids.values()) == [
         f"client-{i}" for i in range(4)]
