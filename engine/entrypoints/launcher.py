@@ -90,8 +90,8 @@ class Launcher:
         self.factory = factory
         self.on_ready = on_ready
         self.clock_origin_s = monotonic_s()
-        self._tmp = Path(tempfile.mkdtemp(prefix="twinserve-"))
         self._sock = _listen(cfg.host, cfg.port)
+        self._tmp = Path(tempfile.mkdtemp(prefix="twinserve-"))
         self.port = self._sock.getsockname()[1]
         self.engine: _Child | None = None
         self.api_servers: list[_Child] = []

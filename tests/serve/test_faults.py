@@ -223,7 +223,10 @@ def test_a_signal_during_startup_stops_everything(tiny_model: Path) -> None:
 
 def test_bad_command_lines_are_one_error_line(tiny_model: Path,
                                              capsys: pytest.CaptureFixture[str]) -> None:
+    taken = socket.create_server(("127.0.0.1", 0))
+    port = str(taken.getsockname()[1])
     for argv, words in [
+        (["serve", "--model", str(tiny_model), "--port", port], "Address already in use"),
         (["serve", "--model", str(tiny_model), "--gpu", "h100-sxm"], "--gpu needs --emulate"),
         (["serve", "--model", "meta-llama/Llama-3.1-8B", "--emulate", "--dtype", "float16"],
          "--dtype needs a real model"),
@@ -236,3 +239,4 @@ def test_bad_command_lines_are_one_error_line(tiny_model: Path,
         assert twinserve(argv) == 2, argv
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("twinserve: error:") and words in err[0], err
+    taken.close()
