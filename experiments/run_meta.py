@@ -15,6 +15,7 @@ from experiments.provenance import provenance
 from reports.meta import RunMeta, RunStats, WorkloadSummary
 
 if TYPE_CHECKING:
+    from engine.entrypoints.records import EngineRecord
     from engine.llm import RealEngine
     from engine.serve.real_run import RealRunResult
     from sim.runtime import SimResult
@@ -105,4 +106,49 @@ def measured_run_meta(
         ),
         reject_reasons=result.reject_reasons,
         provenance=provenance(),
+    )
+
+
+def served_run_meta(
+    *,
+    mode: str,
+    served_model_name: str,
+    api_server_count: int,
+    serve_config: dict[str, Any],
+    engine_meta: dict[str, Any],
+    engine_config: Any,
+    engine: EngineRecord,
+    num_requests: int,
+    num_rejected: int,
+    num_steps: int,
+    duration_s: float,
+) -> RunMeta:
+    """A run of ``twinserve serve`` (``mode`` "served" on a real engine, "emulated" on the
+    simulator's step times), joined from its processes' records at shutdown. The clients
+    chose the stream, so the workload is "served" with no rate of its own; ``duration_s`` is
+    the span from the first arrival to the last recorded event."""
+    if engine_config is None:
+        engine_config_json: dict[str, Any] = {
+            "scheduler": {"max_model_len": engine.max_model_len},
+            "cache": {"num_gpu_blocks": engine.num_gpu_blocks},
+        }
+    else:
+        engine_config_json = engine_config_dict(engine_config)
+    return RunMeta(
+        kind="real",
+        config={"serve": serve_config, **engine_meta},
+        engine_config=engine_config_json,
+        model_id=served_model_name,
+        device=engine.device,
+        num_api_servers=api_server_count,
+        seed=0,
+        workload=WorkloadSummary(source="served", num_prompts=num_requests,
+                                 request_rate=float("nan"), burstiness=1.0,
+                                 max_concurrency=None),
+        stats=RunStats(num_requests=num_requests, num_rejected=num_rejected,
+                       num_steps=num_steps, duration_s=duration_s,
+                       wall_time_s=duration_s),
+        reject_reasons={},
+        provenance=provenance(),
+        notes={"mode": mode, "backend": "twinserve-serve"},
     )

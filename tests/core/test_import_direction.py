@@ -13,6 +13,8 @@
   ``experiments``, ``reports`` or ``bench``; ``engine/worker`` imports ``engine.core`` and
   ``kernels``; ``engine/serve`` imports ``engine.core``, ``engine.worker``, ``workload`` and the
   engine assembly ``engine.llm``.
+* ``engine/entrypoints`` (the server processes) imports ``engine.core`` and ``engine.serve``,
+  never torch/triton, the worker or the simulator: the engine behind it is given as a factory.
 * ``reports`` imports only ``engine.core.events`` of ours, plus pandas/numpy/matplotlib and
   pyarrow (pandas' Parquet engine, used directly to write tables in row groups).
 * ``kernels`` imports nothing of ours.
@@ -62,6 +64,10 @@ RULES: dict[str, Rule] = {
     "engine/serve": Rule(
         ours=("engine.serve", "engine.core", "engine.worker", "engine.llm", "workload"),
         third_party=None,
+    ),
+    "engine/entrypoints": Rule(
+        ours=("engine.entrypoints", "engine.serve", "engine.core"), third_party=None,
+        forbidden_third_party=("torch", "triton"),
     ),
     "reports": Rule(
         ours=("reports", "engine.core.events"),
@@ -376,3 +382,14 @@ def test_checker_rules_of_workload_and_engine() -> None:
             assert import_violations(source, module, engine), (module, source)
     assert not import_violations("from engine.llm import RealEngine", "engine.serve.x", serve)
     assert import_violations("from sim.workload import Workload", "engine.serve.x", serve)
+
+
+def test_checker_rule_of_the_server_processes() -> None:
+    server = RULES["engine/entrypoints"]
+    assert not import_violations(
+        "import zmq, fastapi\nfrom engine.serve.frontend import Tokenizer\n"
+        "from engine.core.events import EventKind", "engine.entrypoints.x", server,
+    )
+    for source in ("import torch", "from sim import emulation", "from engine.worker import x",
+                   "from engine.llm import LLM", "from experiments.serve import engines"):
+        assert import_violations(source, "engine.entrypoints.x", server), source
