@@ -23,11 +23,12 @@ from engine.core.engine_core import EngineCore, RunTiming
 from engine.core.events import EventKind, EventLog
 from engine.core.fast_apply import AppliedRun
 from engine.core.fast_forward import BulkRun
-from engine.core.interfaces import CostModel
+from engine.core.interfaces import CostModel, StepTime
 from engine.core.outputs import BatchShape, EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
 from engine.core.request import Request
 from sim.config import FrontendConfig
 from sim.cost.roofline import RooflineCostModel
+from sim.cost.vllm_step import VllmStepCostModel
 from sim.executor import PLACEHOLDER_TOKEN_ID, SimExecutor
 from sim.stages import OutputProcessor
 
@@ -64,8 +65,13 @@ class EngineReplica:
         self._decode_total: Callable[[int, int], float] | None = getattr(
             cost_model, "decode_step_total", None
         )
-        # the roofline's, called natively when compiled (a bound-method call is generic)
+        # the host times (host_s, launch_s) of a pure-decode step, when the model has them
+        self._decode_host: Callable[[int], tuple[float, float]] | None = getattr(
+            cost_model, "decode_step_host", None
+        )
+        # the built-in models, called natively when compiled (a bound-method call is generic)
         self._roofline = cost_model if isinstance(cost_model, RooflineCostModel) else None
+        self._vllm = cost_model if isinstance(cost_model, VllmStepCostModel) else None
         self.executor = SimExecutor(cost_model)
         self.frontend = frontend
         self.log = log
@@ -127,11 +133,17 @@ class EngineReplica:
             now += fe.schedule_overhead_s + fe.schedule_s_per_request * len(
                 out.num_scheduled_tokens
             )
-            cost = self.executor.step_time(out).total_s
+            step = self.executor.step_time(out)
+            cost = step.total_s
             if self._wakeup_s and out.total_num_scheduled_tokens:
                 cost += self._wakeup_s
                 self._wakeup_s = 0.0
-            start = now if now > self._gpu_free_s else self._gpu_free_s
+            # the worker prepares the inputs, then launches while the GPU runs: the GPU starts
+            # when both the first launch and the GPU are ready; the CPU is busy until the last
+            # launch (with async scheduling that overlaps the previous step on the GPU)
+            ready = now + step.host_s
+            start = ready if ready > self._gpu_free_s else self._gpu_free_s
+            now = ready + step.launch_s
             self._gpu_free_s = start + cost
             self._pending[out.step_id] = (start, start + cost, cost)
         if core.must_finish_step():
@@ -187,7 +199,9 @@ class EngineReplica:
             fe.schedule_s_per_request, fe.schedule_overhead_s, fe.update_overhead_s
         )
         decode_total = self._decode_total
+        decode_host = self._decode_host
         roofline = self._roofline
+        vllm = self._vllm
         step_time = self.cost_model.step_time
         sched_t: list[float] = []
         starts: list[float] = []
@@ -222,33 +236,45 @@ class EngineReplica:
                 if k >= available:
                     break
             n = decoding[k]
+            host = launch = 0.0
             if k < num_prefill:  # a prefill chunk too: the full model
                 t1 = t + (sched_base + per_req * (n + 1))  # the step-by-step path's sum
                 sampling = run.num_sampling(k)
-                cost = step_time(run.batch_shape(k)).total_s
+                step = step_time(run.batch_shape(k))
+                cost, host, launch = step.total_s, step.host_s, step.launch_s
             else:
                 t1 = t + (sched_base + per_req * n)
                 sampling = n
-                if roofline is not None:
+                if vllm is not None:
+                    cost = vllm.decode_step_total(n, context_sum[k], run.context_max[k])
+                    host, launch = vllm.decode_step_host(n)
+                elif roofline is not None:
                     cost = roofline.decode_step_total(n, context_sum[k])
                 elif decode_total is not None:
                     cost = float(decode_total(n, context_sum[k]))  # numpy scalars too
+                    if decode_host is not None:
+                        host, launch = decode_host(n)
                 else:
-                    cost = self._decode_step_time(n, context_sum[k], run.context_max[k])
+                    step = self._decode_step(n, context_sum[k], run.context_max[k])
+                    cost, host, launch = step.total_s, step.host_s, step.launch_s
+            ready = t1 + host  # the step-by-step path's order of additions
+            cpu_free = ready + launch
             sched_t.append(t)
             if is_async:
-                update = t1 if t1 > prev_end else prev_end
+                update = cpu_free if cpu_free > prev_end else prev_end
                 starts.append(prev_start)
                 ends.append(prev_end)
                 costs.append(prev_cost)
                 tokens.append(prev_tokens)
-                # the GPU takes the new batch as soon as it is submitted and free
-                prev_start, prev_end, prev_cost = update, update + cost, cost
+                # the GPU takes the new batch as soon as it is launched and free
+                start = ready if ready > prev_end else prev_end
+                prev_start, prev_end, prev_cost = start, start + cost, cost
                 prev_tokens = sampling
             else:
-                update = t1 + cost
-                starts.append(t1)
-                ends.append(update)
+                end = ready + cost
+                update = end if end > cpu_free else cpu_free
+                starts.append(ready)
+                ends.append(end)
                 costs.append(cost)
                 tokens.append(sampling)
             updates.append(update)
@@ -313,8 +339,8 @@ class EngineReplica:
             log.record(req_id, EventKind.DELIVERED, d)
             self._on_request_done(req_id, d)
 
-    def _decode_step_time(self, n: int, ctx_sum: int, ctx_max: int) -> float:
-        """Duration of a pure-decode step of ``n`` requests whose contexts sum to ``ctx_sum``
+    def _decode_step(self, n: int, ctx_sum: int, ctx_max: int) -> StepTime:
+        """The cost of a pure-decode step of ``n`` requests whose contexts sum to ``ctx_sum``
         (max ``ctx_max``), from the cost model's ``step_time`` (used when the model has no
         ``decode_step_total``)."""
-        return self.cost_model.step_time(BatchShape(n, n, (), (), n, ctx_sum, ctx_max, n)).total_s
+        return self.cost_model.step_time(BatchShape(n, n, (), (), n, ctx_sum, ctx_max, n))

@@ -86,9 +86,13 @@ class RooflineCostModel:
                 f"tensor_parallel_size {tp} does not divide {model.name}'s "
                 f"{model.num_kv_heads} KV heads"
             )
-        m, w = model, model.dtype_bytes
-        self._flops_s = gpu.peak_flops * gpu.compute_efficiency
-        self._attn_flops_s = self._flops_s * self.params.attention_compute_efficiency
+        m, w = model, model.linear_bytes
+        # fp8 (1-byte) linear weights run W8A8 GEMMs at the fp8 peak
+        peak = gpu.fp8_tflops * 1e12 if w == 1 and gpu.fp8_tflops else gpu.peak_flops
+        self._flops_s = peak * gpu.compute_efficiency
+        self._attn_flops_s = (  # attention stays 16-bit
+            gpu.peak_flops * gpu.compute_efficiency * self.params.attention_compute_efficiency
+        )
         self._bw = gpu.memory_bw_bytes_s * gpu.memory_efficiency
         hq, hkv, d = m.num_heads, m.num_kv_heads, m.head_dim
         h, f = m.hidden_size, m.intermediate_size
@@ -100,7 +104,7 @@ class RooflineCostModel:
             (f / tp, h),  # down
         )
         self._expert_gemms = 2  # gate+up and down are per expert
-        self._kv_bytes_token_layer = 2 * max(hkv / tp, 1) * d * w  # K and V of one token
+        self._kv_bytes_token_layer = 2 * max(hkv / tp, 1) * d * m.kv_bytes  # K and V, 1 token
         self._q_heads = hq / tp
         self._weight_bytes = w
         # Memoised per-token-count terms (pure functions of their argument).
