@@ -31,6 +31,12 @@ FLAG_FIELDS: dict[str, tuple[str | None, str]] = {
     "num_gpu_blocks_override": (None, "num_gpu_blocks"),
     "max_model_len": (None, "max_model_len"),
     "cost_model": (None, "cost_model"),
+    "dtype": (None, "dtype"),
+    "quantization": (None, "quantization"),
+    "kv_cache_dtype": (None, "kv_cache_dtype"),
+    "enforce_eager": ("engine", "enforce_eager"),
+    "max_cudagraph_capture_size": ("engine", "max_cudagraph_capture_size"),
+    "cudagraph_capture_sizes": ("engine", "cudagraph_capture_sizes"),
     "seed": ("workload", "seed"),
     "fast_path": (None, "fast_path"),
     "max_num_batched_tokens": ("engine", "max_num_batched_tokens"),
@@ -79,7 +85,12 @@ def add_sim_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--gpu-memory-utilization", type=float)
     g.add_argument("--num-gpu-blocks-override", type=int, help="KV blocks incl. the null block")
     g.add_argument("--max-model-len", type=int)
-    g.add_argument("--cost-model", help="roofline (default) or fitted:PATH")
+    g.add_argument("--cost-model", help="auto (default: vllm where the GPU has measured kernel "
+                   "tables, else roofline), vllm, roofline or fitted:PATH")
+    g.add_argument("--dtype", help="model dtype: auto (default), bfloat16, float16")
+    g.add_argument("--quantization", help="fp8: fp8 weights, W8A8 GEMMs (GPUs with fp8 only)")
+    g.add_argument("--kv-cache-dtype", help="auto (default: the model dtype) or fp8 "
+                   "(fp8_e4m3, fp8_e5m2): half the KV bytes")
     g = p.add_argument_group("engine (vLLM's names and defaults)")
     g.add_argument("--max-num-batched-tokens", type=int, help="token budget per step")
     g.add_argument("--max-num-seqs", type=int)
@@ -90,6 +101,12 @@ def add_sim_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--async-scheduling", action=bool_flag, default=None)
     g.add_argument("--block-size", type=int)
     g.add_argument("--enable-prefix-caching", action=bool_flag, default=None)
+    g.add_argument("--enforce-eager", action=bool_flag, default=None,
+                   help="no CUDA graphs: every kernel launched from the host")
+    g.add_argument("--max-cudagraph-capture-size", type=int,
+                   help="largest captured batch (default: vLLM's, 512; 1024 on Blackwell)")
+    g.add_argument("--cudagraph-capture-sizes", type=int, nargs="+", metavar="N",
+                   help="the token counts to capture CUDA graphs at (default: vLLM's list)")
     g.add_argument("--api-server-count", type=int, help="front-end processes")
     g.add_argument("--fast-path", action=bool_flag, default=None,
                    help="bulk-apply identical decode steps (exact; default on)")

@@ -252,11 +252,10 @@ class VllmStepCostModel:
         pre = tables.attention_grid("prefill", kv_pre, self._hq, self._hk)
         self._dec: Grid = dec.grid
         self._pre: Grid = pre.grid
-        self.attention_source = (
-            f"decode {dec.how} {kv} KV"
-            + (" (fp8 KV estimated as bf16 at half the length)" if self._kv_len_scale < 1 else "")
-            + f"; prefill {pre.how} {kv_pre} KV"
+        self.decode_source = f"{dec.how} heads, {kv} KV" + (
+            " (fp8 KV estimated as bf16 at half the length)" if self._kv_len_scale < 1 else ""
         )
+        self.prefill_source = f"{pre.how} heads, {kv_pre} KV"
         # one varlen call serves decodes and prefill chunks together: one floor saved
         self._attn_floor_us = min(self._dec.at(1.0, 2.0), self._pre.at(1.0, 1.0))
 
@@ -462,12 +461,14 @@ class VllmStepCostModel:
             top = self.model.num_experts_per_token
             out["moe.experts"] = (f"{L} × touched experts of {e} (top-{top}) gate_up + down, "
                                   "dense GEMM tables (estimate)")
-        heads = f"(Hq, Hk) = ({self._hq}, {self._hk}) per GPU"
-        out["attention.decode"] = (f"{L} × {shape.num_decode_reqs} decodes, mean context "
-                                   f"{shape.decode_context_sum / max(shape.num_decode_reqs, 1):.0f}"
-                                   f"; {heads}; {self.attention_source}")
+        dec = self.tables.sources.get(("attn_decode", self.kv_cache_dtype))
+        kernel = f", {dec.kernel} vLLM {dec.version}" if dec is not None else ""
+        mean = shape.decode_context_sum / max(shape.num_decode_reqs, 1)
+        out["attention.decode"] = (f"{L} × {shape.num_decode_reqs} decodes at mean context "
+                                   f"{mean:.0f}; {self.decode_source}{kernel}")
         out["attention.prefill"] = (f"{L} × {shape.num_prefill_reqs} chunks "
-                                    f"({sum(shape.prefill_query_lens)} tokens); {heads}")
+                                    f"({sum(shape.prefill_query_lens)} tokens); "
+                                    f"{self.prefill_source}")
         ew = (f"bytes / ({self.gpu.memory_bw_tbps:g} TB/s × "
               f"{self._ew_bw / self.gpu.memory_bw_bytes_s:.3f}) + {self._ew_floor * 1e6:.2f} µs "
               f"({self.elementwise_source})")
