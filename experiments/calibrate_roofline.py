@@ -20,7 +20,7 @@ All-reduce: per GPU, ``allreduce_latency_s`` L and ``allreduce_efficiency`` ε o
 same way on single-node rows of world sizes 2 and 8; world size 4 is held out.
 
 Usage: python experiments/calibrate_roofline.py [--data DIR] [--write-docs]
-(``--write-docs`` regenerates docs/cost_model.md from this run.)
+(``--write-docs`` regenerates docs/roofline.md from this run.)
 """
 
 from __future__ import annotations
@@ -578,7 +578,7 @@ def _staircase_table(cal: GpuCalibration, model: str, op: str, tp: int) -> str:
 
 
 def render(cals: Sequence[GpuCalibration], data_dir: Path = DATA_DIR) -> str:
-    """docs/cost_model.md for this calibration run."""
+    """docs/roofline.md for this calibration run."""
     by = {c.gpu: c for c in cals}
     floor_us = RooflineParams().kernel_floor_s * 1e6
     ridge = ", ".join(

@@ -7,7 +7,7 @@ by the roofline.
 Peaks are dense (no sparsity) datasheet values (COST_MODEL.md §3). Efficiencies (fractions of a
 peak a real kernel reaches) are calibrated on measured operator times — the Vidur project's MLP
 profiles (``sim/data/profiles``) — by ``experiments/calibrate_roofline.py``; see
-``docs/cost_model.md`` for the fit and its error. GPUs without measured data inherit the
+``docs/roofline.md`` for the fit and its error. GPUs without measured data inherit the
 efficiencies of the closest calibrated generation, which the ``efficiency_source`` field says.
 """
 

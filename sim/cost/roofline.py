@@ -33,7 +33,7 @@ class RooflineParams:
     """Knobs of the roofline beyond the GPU catalog's efficiencies (seconds unless stated).
 
     Defaults: ``kernel_floor_s`` is the shortest time a GEMM kernel takes however small its
-    input (fitted with the efficiencies, see docs/cost_model.md); ``step_overhead_s`` covers a
+    input (fitted with the efficiencies, see docs/roofline.md); ``step_overhead_s`` covers a
     step's launch/graph replay and sampler set-up on the GPU side; ``per_request_overhead_s``
     per-sequence work that scales with the batch (sampling, metadata). Both overheads are
     estimates from vLLM's published V1 profiles on H100 (decode steps spend ≈0.3–0.6 ms outside

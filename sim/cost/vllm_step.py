@@ -469,12 +469,11 @@ class VllmStepCostModel:
         out["attention.prefill"] = (f"{L} × {shape.num_prefill_reqs} chunks "
                                     f"({sum(shape.prefill_query_lens)} tokens); "
                                     f"{self.prefill_source}")
-        ew = (f"bytes / ({self.gpu.memory_bw_tbps:g} TB/s × "
-              f"{self._ew_bw / self.gpu.memory_bw_bytes_s:.3f}) + {self._ew_floor * 1e6:.2f} µs "
-              f"({self.elementwise_source})")
+        ew = (f"bytes / ({self._ew_bw / self.gpu.memory_bw_bytes_s:.3f} × "
+              f"{self.gpu.memory_bw_tbps:g} TB/s) + {self._ew_floor * 1e6:.2f} µs")
         for name in ("kv_cache_write", "rotary", "silu_and_mul"):
             out[name] = f"{L} × {ew}"
-        out["norm.add_rmsnorm"] = f"fused add + RMSNorm, {ew}"
+        out["norm.add_rmsnorm"] = f"fused add + RMSNorm, {ew} ({self.elementwise_source})"
         out["embedding"] = out["norm.final"] = f"1 × {ew}"
         if self.tensor_parallel_size > 1:
             kind = "eager" if mode == EAGER else "graph"
