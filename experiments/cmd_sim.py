@@ -56,6 +56,7 @@ def run_meta(result: Any) -> dict[str, Any]:
         "model_id": result.config.model,
         "gpu": result.config.gpu,
         "tensor_parallel_size": result.config.tensor_parallel_size,
+        "cost_model": result.config.resolved_cost_model,  # "auto" resolved
         "num_api_servers": result.config.frontend.num_api_servers,
         "seed": result.config.seed,
         "workload": {
