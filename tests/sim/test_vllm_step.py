@@ -356,3 +356,17 @@ def test_shipped_tables_load_with_their_provenance() -> None:
         for (n, k), row in tables.gemm_cells("bfloat16").items():
             finite = [v for v in row if not math.isnan(v)]
             assert finite and all(v > 0 for v in finite), (system, n, k)
+
+
+def test_a_gpu_without_tables_falls_back_to_the_roofline(monkeypatch: pytest.MonkeyPatch) -> None:
+    import dataclasses
+
+    from sim import hardware
+    from sim.cost.roofline import RooflineCostModel
+
+    bare = dataclasses.replace(H100, name="h100-bare", kernel_tables=None)
+    monkeypatch.setitem(hardware.GPUS, "h100-bare", bare)
+    assert SimConfig(gpu="h100-bare").resolved_cost_model == "roofline"
+    assert isinstance(make_cost_model(SimConfig(gpu="h100-bare")), RooflineCostModel)
+    with pytest.raises(ConfigError, match="needs measured kernel tables"):
+        SimConfig(gpu="h100-bare", cost_model="vllm")
