@@ -52,6 +52,7 @@ def simulated_run_meta(result: SimResult) -> RunMeta:
         model_id=cfg.model,
         gpu=cfg.gpu,
         tensor_parallel_size=cfg.tensor_parallel_size,
+        cost_model=cfg.resolved_cost_model,
         num_api_servers=cfg.frontend.num_api_servers,
         seed=cfg.seed,
         workload=workload_summary(result.workload),

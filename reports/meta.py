@@ -14,6 +14,7 @@ Its keys:
 ``engine_config``       the resolved engine config (``max_num_batched_tokens``, KV blocks …)
 ``model_id``            the model (catalog name or checkpoint directory)
 ``gpu``, ``tensor_parallel_size``  simulated runs: the layout
+``cost_model``          simulated runs: the cost model that timed the steps ("auto" resolved)
 ``device``, ``attention_backend``  real runs: where and how it ran
 ``workload``            request_rate, burstiness, max_concurrency, source (override ``config``)
 ``stats``               run counters (``RunStats``): ``duration_s`` (the run's span on its own
@@ -147,6 +148,7 @@ class RunMeta:
     provenance: Provenance
     gpu: str | None = None  # simulated: catalog GPU
     tensor_parallel_size: int | None = None  # simulated
+    cost_model: str | None = None  # simulated: the cost model that ran ("auto" resolved)
     device: str | None = None  # real: torch device
     attention_backend: str | None = None  # real: the attention kernels used
     label: str | None = None  # a name for comparisons
@@ -158,7 +160,8 @@ class RunMeta:
         out: dict[str, Any] = {"kind": self.kind, "config": dict(self.config),
                                "engine_config": dict(self.engine_config),
                                "model_id": self.model_id}
-        for name in ("gpu", "tensor_parallel_size", "device", "attention_backend"):
+        for name in ("gpu", "tensor_parallel_size", "cost_model", "device",
+                     "attention_backend"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
         out["num_api_servers"] = self.num_api_servers

@@ -21,6 +21,9 @@ from engine.core.config import (
     check_field_types,
     config_from_dict,
 )
+from engine.core.errors import UserError
+from sim.cost.cuda_graphs import CudaGraphConfig
+from sim.cost.host import HostCosts
 from sim.cost.roofline import RooflineParams
 from sim.hardware import GPUSpec, get_gpu
 from sim.models import ModelSpec, get_model
@@ -34,6 +37,12 @@ MAX_COST_S = 86400.0
 MAX_DATA_PARALLEL = 1024
 MAX_API_SERVERS = 100_000
 MAX_GPU_BLOCKS = 100_000_000
+#: Cost models by name (besides "fitted:PATH"); "auto" = "vllm" where the GPU has tables.
+COST_MODELS = ("auto", "vllm", "roofline")
+#: vLLM's --dtype values the simulator prices (16-bit; the kernel tables are bf16).
+DTYPES = ("auto", "bfloat16", "float16", "half")
+QUANTIZATIONS: tuple[str | None, ...] = (None, "fp8", "fp8_per_tensor")
+KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2")
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +121,12 @@ class SimConfig:
     frontend: FrontendConfig = field(default_factory=FrontendConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     roofline: RooflineParams = field(default_factory=RooflineParams)
-    cost_model: str = "roofline"  # "roofline" or "fitted:PATH"
+    host_costs: HostCosts = field(default_factory=HostCosts)
+    cuda_graphs: CudaGraphConfig = field(default_factory=CudaGraphConfig)
+    cost_model: str = "auto"  # "auto", "vllm", "roofline" or "fitted:PATH"
+    dtype: str = "auto"  # vLLM --dtype: 16-bit activations and unquantized weights
+    quantization: str | None = None  # vLLM --quantization: None or fp8 (W8A8)
+    kv_cache_dtype: str = "auto"  # vLLM --kv-cache-dtype: auto (= the model dtype) or fp8
     data_parallel_size: int = 1  # engine replicas behind the shared API servers
     router: str = "vllm"  # how requests pick a replica (sim/cluster.py)
     router_load_cap: int = 8  # prefix_aware: max extra in-flight requests for a better hit
@@ -155,10 +169,62 @@ class SimConfig:
         if not self.uses_catalog_labels_only:
             get_model(self.model)
             get_gpu(self.gpu)
-        if not (self.cost_model == "roofline" or self.cost_model.startswith("fitted:")):
+        if not (self.cost_model in COST_MODELS or self.cost_model.startswith("fitted:")):
             raise ConfigError(
-                f"cost_model must be 'roofline' or 'fitted:PATH', got {self.cost_model!r}"
+                f"cost_model must be one of {', '.join(COST_MODELS)} or 'fitted:PATH', "
+                f"got {self.cost_model!r}"
             )
+        if self.dtype not in DTYPES:
+            raise ConfigError(
+                f"dtype must be one of {', '.join(DTYPES)} (the simulator prices 16-bit "
+                f"models), got {self.dtype!r}"
+            )
+        if self.quantization not in QUANTIZATIONS:
+            raise ConfigError(
+                f"quantization must be one of {', '.join(str(q) for q in QUANTIZATIONS)}, "
+                f"got {self.quantization!r}"
+            )
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(
+                f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                f"got {self.kv_cache_dtype!r}"
+            )
+        if self.fp8_weights and not self.uses_catalog_labels_only:
+            gpu = get_gpu(self.gpu)
+            if gpu.fp8_tflops is None:
+                raise ConfigError(
+                    f"--quantization {self.quantization} needs fp8 tensor cores, which "
+                    f"{gpu.display_name} lacks (vLLM would fall back to weight-only Marlin "
+                    "kernels, which the simulator does not price)"
+                )
+        if self.resolved_cost_model == "vllm" and not self.uses_catalog_labels_only:
+            gpu = get_gpu(self.gpu)
+            if gpu.kernel_tables is None:
+                raise ConfigError(
+                    f"cost_model 'vllm' needs measured kernel tables, which {gpu.name} has "
+                    "none of; use 'roofline'"
+                )
+
+    @property
+    def fp8_weights(self) -> bool:
+        """``--quantization fp8``: fp8 linear weights and W8A8 GEMMs."""
+        return self.quantization in ("fp8", "fp8_per_tensor")
+
+    @property
+    def fp8_kv_cache(self) -> bool:
+        return self.kv_cache_dtype.startswith("fp8")
+
+    @property
+    def resolved_cost_model(self) -> str:
+        """The cost model a run uses: "auto" is the vLLM step model where the GPU has measured
+        kernel tables, the roofline elsewhere."""
+        if self.cost_model != "auto":
+            return self.cost_model
+        try:
+            gpu = get_gpu(self.gpu)
+        except UserError:
+            return "roofline"
+        return "vllm" if gpu.kernel_tables is not None else "roofline"
 
     @property
     def uses_catalog_labels_only(self) -> bool:
@@ -178,7 +244,11 @@ class SimConfig:
 
     @property
     def model_spec(self) -> ModelSpec:
-        return get_model(self.model)
+        """The catalog model with this run's weight and KV-cache dtypes."""
+        spec = get_model(self.model)
+        if self.fp8_weights or self.fp8_kv_cache:
+            return spec.with_dtypes(fp8_weights=self.fp8_weights, fp8_kv_cache=self.fp8_kv_cache)
+        return spec
 
     @property
     def gpu_spec(self) -> GPUSpec:
@@ -237,6 +307,8 @@ SECTIONS: dict[str, type[Any]] = {
     "frontend": FrontendConfig,
     "workload": WorkloadConfig,
     "roofline": RooflineParams,
+    "host_costs": HostCosts,
+    "cuda_graphs": CudaGraphConfig,
 }
 
 

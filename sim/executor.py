@@ -1,11 +1,11 @@
 """``SimExecutor``: the simulated world's executor, the replica's one seam to the cost model.
 
 A simulated step has no model to run. When a batch is submitted the replica asks how long it
-takes (``step_time``; ``decode_time_s`` for the pure-decode steps of a bulk run, ``shape_time_s``
-for any other shape a bulk run predicts), and when the step is applied it takes the step's
-sampled tokens (``sampled``): every request that completes its prefill samples
-``PLACEHOLDER_TOKEN_ID``. Simulated requests carry no EOS and no stop tokens, so each ends
-exactly at its workload output length (as ``ignore_eos`` benchmarks do).
+takes (``step_time``; ``decode_time_s`` and ``decode_host_s`` for the pure-decode steps of a
+bulk run, ``shape_time`` for any other shape a bulk run predicts), and when the step is
+applied it takes the step's sampled tokens (``sampled``): every request that completes its
+prefill samples ``PLACEHOLDER_TOKEN_ID``. Simulated requests carry no EOS and no stop tokens,
+so each ends exactly at its workload output length (as ``ignore_eos`` benchmarks do).
 
 The cost model needs only ``step_time`` (``engine.core.interfaces.CostModel``); one that also
 implements ``DecodeStepCostModel`` prices decode steps through its shortcut (bit-identical by
@@ -42,19 +42,24 @@ class SimExecutor:
             return StepTime(total_s=0.0)
         return self.cost_model.step_time(sched_out.batch_shape)
 
-    def shape_time_s(self, shape: BatchShape) -> float:
-        """Device time of a step of this shape."""
-        return self.cost_model.step_time(shape).total_s
+    def shape_time(self, shape: BatchShape) -> StepTime:
+        """Time of a step of this shape (device and host)."""
+        return self.cost_model.step_time(shape)
 
     def decode_time_s(self, num_reqs: int, context_sum: int, context_max: int) -> float:
         """Device time of a step of ``num_reqs`` decodes whose cached contexts sum to
         ``context_sum`` (longest ``context_max``)."""
         if self._decode is not None:
-            return float(self._decode.decode_step_total(num_reqs, context_sum))
-        shape = BatchShape(
-            num_reqs, num_reqs, (), (), num_reqs, context_sum, context_max, num_reqs
-        )
-        return self.cost_model.step_time(shape).total_s
+            return float(self._decode.decode_step_total(num_reqs, context_sum, context_max))
+        return self.cost_model.step_time(_decode_shape(num_reqs, context_sum, context_max)).total_s
+
+    def decode_host_s(self, num_reqs: int) -> tuple[float, float]:
+        """(``host_s``, ``launch_s``) of a step of ``num_reqs`` decodes (see ``StepTime``);
+        they do not depend on the contexts."""
+        if self._decode is not None:
+            return self._decode.decode_step_host(num_reqs)
+        step = self.cost_model.step_time(_decode_shape(num_reqs, 0, 0))
+        return step.host_s, step.launch_s
 
     @staticmethod
     def sampled(sched_out: SchedulerOutput, execute_time_s: float) -> ModelRunnerOutput:
@@ -65,3 +70,8 @@ class SimExecutor:
             {r: token for r in sched_out.num_scheduled_tokens if r not in partial},
             execute_time_s=execute_time_s,
         )
+
+
+def _decode_shape(num_reqs: int, context_sum: int, context_max: int) -> BatchShape:
+    """The batch shape of a step of ``num_reqs`` decodes (each samples one token)."""
+    return BatchShape(num_reqs, num_reqs, (), (), num_reqs, context_sum, context_max, num_reqs)

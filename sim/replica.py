@@ -118,11 +118,17 @@ class EngineReplica:
             now += fe.schedule_overhead_s + fe.schedule_s_per_request * len(
                 out.num_scheduled_tokens
             )
-            cost = self.executor.step_time(out).total_s
+            step = self.executor.step_time(out)
+            cost = step.total_s
             if self._wakeup_s and out.total_num_scheduled_tokens:
                 cost += self._wakeup_s
                 self._wakeup_s = 0.0
-            start = now if now > self._gpu_free_s else self._gpu_free_s
+            # the worker prepares the inputs, then launches while the GPU runs: the GPU starts
+            # when both the first launch and the GPU are ready; the CPU is busy until the last
+            # launch (with async scheduling that overlaps the previous step on the GPU)
+            ready = now + step.host_s
+            start = ready if ready > self._gpu_free_s else self._gpu_free_s
+            now = ready + step.launch_s
             self._gpu_free_s = start + cost
             self._pending[out.step_id] = (start, start + cost, cost)
         if core.must_finish_step():
@@ -204,28 +210,35 @@ class EngineReplica:
                 if k >= available:
                     break
             n = decoding[k]
+            host = launch = 0.0
             if k < num_prefill:  # a prefill chunk too: the full model
                 t1 = t + (sched_base + per_req * (n + 1))  # the step-by-step path's sum
                 sampling = run.num_sampling(k)
-                cost = executor.shape_time_s(run.batch_shape(k))
+                step = executor.shape_time(run.batch_shape(k))
+                cost, host, launch = step.total_s, step.host_s, step.launch_s
             else:
                 t1 = t + (sched_base + per_req * n)
                 sampling = n
                 cost = executor.decode_time_s(n, context_sum[k], run.context_max[k])
+                host, launch = executor.decode_host_s(n)
+            ready = t1 + host  # the step-by-step path's order of additions
+            cpu_free = ready + launch
             sched_t.append(t)
             if is_async:
-                update = t1 if t1 > prev_end else prev_end
+                update = cpu_free if cpu_free > prev_end else prev_end
                 starts.append(prev_start)
                 ends.append(prev_end)
                 costs.append(prev_cost)
                 tokens.append(prev_tokens)
-                # the GPU takes the new batch as soon as it is submitted and free
-                prev_start, prev_end, prev_cost = update, update + cost, cost
+                # the GPU takes the new batch as soon as it is launched and free
+                start = ready if ready > prev_end else prev_end
+                prev_start, prev_end, prev_cost = start, start + cost, cost
                 prev_tokens = sampling
             else:
-                update = t1 + cost
-                starts.append(t1)
-                ends.append(update)
+                end = ready + cost
+                update = end if end > cpu_free else cpu_free
+                starts.append(ready)
+                ends.append(end)
                 costs.append(cost)
                 tokens.append(sampling)
             updates.append(update)

@@ -112,17 +112,34 @@ class SimResult:
     reject_reasons: dict[str, str] = field(default_factory=dict)
 
 
-def make_cost_model(cfg: SimConfig) -> CostModel:
-    """The cost model ``cfg.cost_model`` names."""
-    if cfg.cost_model == "roofline":
+def make_cost_model(cfg: SimConfig, engine_config: EngineConfig | None = None) -> CostModel:
+    """The cost model ``cfg.cost_model`` names ("auto": ``cfg.resolved_cost_model``); the vLLM
+    step model sizes its CUDA graphs from the engine's scheduler budgets."""
+    name = cfg.resolved_cost_model
+    if name == "roofline":
         from sim.cost.roofline import RooflineCostModel
 
         return RooflineCostModel(
             cfg.model_spec, cfg.gpu_spec, cfg.tensor_parallel_size, cfg.roofline
         )
+    if name == "vllm":
+        from sim.cost.cuda_graphs import CudaGraphPlan
+        from sim.cost.vllm_step import VllmStepCostModel
+
+        sched = (engine_config or resolve_engine_config(cfg)).scheduler
+        gpu = cfg.gpu_spec
+        graphs = CudaGraphPlan.for_engine(
+            cfg.cuda_graphs, sched.max_num_seqs, sched.max_num_batched_tokens, gpu.sm_version,
+        )
+        return VllmStepCostModel(
+            cfg.model_spec, gpu, cfg.tensor_parallel_size,
+            weight_dtype="fp8" if cfg.fp8_weights else "bfloat16",
+            kv_cache_dtype="fp8" if cfg.fp8_kv_cache else "bfloat16",
+            graphs=graphs, host=cfg.host_costs,
+        )
     from sim.cost.fitted import FittedCostModel
 
-    model: CostModel = FittedCostModel.load(cfg.cost_model.split(":", 1)[1])
+    model: CostModel = FittedCostModel.load(name.split(":", 1)[1])
     return model
 
 
@@ -140,7 +157,9 @@ class SimRuntime:
         self.cfg = cfg
         self.engine_config = resolve_engine_config(cfg)
         self.workload = workload if workload is not None else build_workload(cfg.workload)
-        self.cost_model = cost_model if cost_model is not None else make_cost_model(cfg)
+        self.cost_model = (
+            cost_model if cost_model is not None else make_cost_model(cfg, self.engine_config)
+        )
         self.log = EventLog()
         self.replicas = [
             EngineReplica(

@@ -33,6 +33,24 @@ def _list_catalogs(args: argparse.Namespace) -> bool:
     return False
 
 
+def _explain_step(cfg: Any, spec: str) -> int:
+    """Print one step's cost by term (``sim/cost/explain.py``) and exit."""
+    from sim.config import resolve_engine_config
+    from sim.cost.explain import format_explanation, parse_step
+    from sim.runtime import make_cost_model
+
+    shape = parse_step(spec)
+    engine = resolve_engine_config(cfg)
+    model = make_cost_model(cfg, engine)
+    weights = "fp8" if cfg.fp8_weights else "bf16"
+    kv = "fp8" if cfg.fp8_kv_cache else "bf16"
+    title = (f"step cost ({cfg.resolved_cost_model} cost model) — {cfg.model_spec.name}, "
+             f"{cfg.tensor_parallel_size} × {cfg.gpu} (TP {cfg.tensor_parallel_size}), "
+             f"{weights} weights, {kv} KV")
+    print(format_explanation(model, shape, title))
+    return 0
+
+
 def _simulate(args: argparse.Namespace) -> int:
     if _list_catalogs(args):
         return 0
@@ -41,6 +59,8 @@ def _simulate(args: argparse.Namespace) -> int:
 
     base = load_experiment_file(args.config) if args.config else {}
     cfg = SimConfig.from_dict(config_dict_from_args(args, base))
+    if args.explain_step:
+        return _explain_step(cfg, args.explain_step)
     from experiments.cli.reporting import (
         FinishedRun,
         prepare_out_dir,
@@ -76,6 +96,10 @@ def register(sub: Any) -> None:
     p.add_argument("--config", help="TOML/JSON experiment file (flags override it)")
     p.add_argument("--list-models", action="store_true", help="show the model catalog")
     p.add_argument("--list-gpus", action="store_true", help="show the GPU catalog")
+    p.add_argument("--explain-step", metavar="SPEC",
+                   help="print one step's cost by term and exit; SPEC: comma-separated "
+                   "decode:NxC (N decodes at context C), prefill:Q, prefill:KxQ@C "
+                   "(K chunks of Q tokens after C cached), e.g. prefill:512@3584,decode:63x1024")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar on stderr (default: when stderr is a terminal)")
     add_sim_flags(p)

@@ -40,7 +40,12 @@ def add_sim_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--gpu-memory-utilization", type=float)
     g.add_argument("--num-gpu-blocks-override", type=int, help="KV blocks incl. the null block")
     g.add_argument("--max-model-len", type=int)
-    g.add_argument("--cost-model", help="roofline (default) or fitted:PATH")
+    g.add_argument("--cost-model", help="auto (default: vllm where the GPU has measured kernel "
+                   "tables, else roofline), vllm, roofline or fitted:PATH")
+    g.add_argument("--dtype", help="model dtype: auto (default), bfloat16, float16")
+    g.add_argument("--quantization", help="fp8: fp8 weights, W8A8 GEMMs (GPUs with fp8 only)")
+    g.add_argument("--kv-cache-dtype", help="auto (default: the model dtype) or fp8 "
+                   "(fp8_e4m3, fp8_e5m2): half the KV bytes")
     g = p.add_argument_group("engine (vLLM's names and defaults)")
     g.add_argument("--max-num-batched-tokens", type=int, help="token budget per step")
     g.add_argument("--max-num-seqs", type=int)
@@ -51,6 +56,12 @@ def add_sim_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--async-scheduling", action=bool_flag, default=None)
     g.add_argument("--block-size", type=int)
     g.add_argument("--enable-prefix-caching", action=bool_flag, default=None)
+    g.add_argument("--enforce-eager", action=bool_flag, default=None,
+                   help="no CUDA graphs: every kernel launched from the host")
+    g.add_argument("--max-cudagraph-capture-size", type=int,
+                   help="largest captured batch (default: vLLM's, 512; 1024 on Blackwell)")
+    g.add_argument("--cudagraph-capture-sizes", type=int, nargs="+", metavar="N",
+                   help="the token counts to capture CUDA graphs at (default: vLLM's list)")
     g.add_argument("--api-server-count", type=int, help="front-end processes")
     g.add_argument("--fast-path", action=bool_flag, default=None,
                    help="bulk-apply identical decode steps (exact; default on)")

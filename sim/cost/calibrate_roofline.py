@@ -22,7 +22,7 @@ the same way on single-node rows of world sizes 2 and 8; world size 4 is held ou
 
 It lives beside the model it fits and imports only it, the catalogs, numpy and the standard
 library. Usage: python -m sim.cost.calibrate_roofline [--data DIR] [--write-docs]
-(``--write-docs`` regenerates docs/cost_model.md from this run.)
+(``--write-docs`` regenerates docs/roofline.md from this run.)
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from sim.models import ModelSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA_DIR = ROOT / "sim" / "data" / "profiles" / "vidur"
-DOCS_PATH = ROOT / "docs" / "cost_model.md"
+DOCS_PATH = ROOT / "docs" / "roofline.md"
 
 #: Profile GPU directory -> catalog GPU it calibrates.
 CATALOG_GPU = {"h100": "h100-sxm", "a100": "a100-80gb"}
@@ -570,7 +570,7 @@ def _staircase_table(cal: GpuCalibration, model: str, op: str, tp: int) -> str:
 
 
 def render(cals: Sequence[GpuCalibration], data_dir: Path = DATA_DIR) -> str:
-    """docs/cost_model.md for this calibration run."""
+    """docs/roofline.md for this calibration run."""
     by = {c.gpu: c for c in cals}
     floor_us = RooflineParams().kernel_floor_s * 1e6
     ridge = ", ".join(

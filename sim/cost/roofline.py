@@ -33,7 +33,7 @@ class RooflineParams:
     """Knobs of the roofline beyond the GPU catalog's efficiencies (seconds unless stated).
 
     Defaults: ``kernel_floor_s`` is the shortest time a GEMM kernel takes however small its
-    input (fitted with the efficiencies, see docs/cost_model.md); ``step_overhead_s`` covers a
+    input (fitted with the efficiencies, see docs/roofline.md); ``step_overhead_s`` covers a
     step's launch/graph replay and sampler set-up on the GPU side; ``per_request_overhead_s``
     per-sequence work that scales with the batch (sampling, metadata). Both overheads are
     estimates from vLLM's published V1 profiles on H100 (decode steps spend ≈0.3–0.6 ms outside
@@ -95,9 +95,13 @@ class RooflineCostModel:
                 f"tensor_parallel_size {tp} does not divide {model.name}'s "
                 f"{model.num_kv_heads} KV heads"
             )
-        m, w = model, model.dtype_bytes
-        self._flops_s = gpu.peak_flops * gpu.compute_efficiency
-        self._attn_flops_s = self._flops_s * self.params.attention_compute_efficiency
+        m, w = model, model.linear_bytes
+        # fp8 (1-byte) linear weights run W8A8 GEMMs at the fp8 peak
+        peak = gpu.fp8_tflops * 1e12 if w == 1 and gpu.fp8_tflops else gpu.peak_flops
+        self._flops_s = peak * gpu.compute_efficiency
+        self._attn_flops_s = (  # attention stays 16-bit
+            gpu.peak_flops * gpu.compute_efficiency * self.params.attention_compute_efficiency
+        )
         self._bw = gpu.memory_bw_bytes_s * gpu.memory_efficiency
         hq, hkv, d = m.num_heads, m.num_kv_heads, m.head_dim
         h, f = m.hidden_size, m.intermediate_size
@@ -109,7 +113,7 @@ class RooflineCostModel:
             (f / tp, h),  # down
         )
         self._expert_gemms = 2  # gate+up and down are per expert
-        self._kv_bytes_token_layer = 2 * max(hkv / tp, 1) * d * w  # K and V of one token
+        self._kv_bytes_token_layer = 2 * max(hkv / tp, 1) * d * m.kv_bytes  # K and V, 1 token
         self._q_heads = hq / tp
         self._weight_bytes = w
         # Memoised per-token-count terms (pure functions of their argument).
@@ -214,10 +218,11 @@ class RooflineCostModel:
             overhead_s=overhead,
         )
 
-    def decode_step_total(self, num_reqs: int, context_sum: int) -> float:
+    def decode_step_total(self, num_reqs: int, context_sum: int, context_max: int) -> float:
         """``step_time(...).total_s`` of a pure-decode step of ``num_reqs`` requests whose
         cached contexts sum to ``context_sum`` — the same operations in the same order, so the
-        value is bit-identical (the simulator's bulk decode runs rely on it)."""
+        value is bit-identical (the simulator's bulk decode runs rely on it). The roofline
+        reads every context once, so the longest (``context_max``) does not matter."""
         layers = self.model.num_layers
         linear = self._linear_memo.get(num_reqs)
         if linear is None:
@@ -238,3 +243,7 @@ class RooflineCostModel:
             comm = self._comm_memo[num_reqs] = layers * 2 * self._allreduce_time(num_reqs)
         overhead = self.params.step_overhead_s + self.params.per_request_overhead_s * num_reqs
         return linear + attention + comm + overhead
+
+    def decode_step_host(self, num_reqs: int) -> tuple[float, float]:
+        """The roofline folds host work into its per-step overheads: (0, 0)."""
+        return 0.0, 0.0

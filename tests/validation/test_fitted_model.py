@@ -121,7 +121,7 @@ def test_decode_fast_path_is_bit_identical(n: int, ctx_sum: int, knee: int,
     scaled = [c * s for c, s in zip(coefs, (1, 1, 1e-9, 1e-9, 1e-9, 1e-9), strict=True)]
     model = FittedCostModel(GEOMETRY, dict(zip(FEATURE_NAMES, scaled, strict=True)), knee)
     decode = BatchShape(n, n, (), (), n, ctx_sum, ctx_sum // n, n)
-    assert model.decode_step_total(n, ctx_sum) == model.step_time(decode).total_s
+    assert model.decode_step_total(n, ctx_sum, ctx_sum // n) == model.step_time(decode).total_s
 
 
 def test_step_time_breakdown_adds_up_and_empty_steps_cost_nothing() -> None:
