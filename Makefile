@@ -1,6 +1,6 @@
 # twinserve — the two commands of the README, plus helpers.
 #   make demo   sets up .venv (core + simulator + reports) and runs the embedded default simulation
-#   make test   sets up .venv (everything, incl. torch CPU + triton) and runs the test suite
+#   make test   sets up .venv (everything, incl. torch CPU + triton, the server) and runs the tests
 #   make fast   compiles the simulator's hot modules with mypyc (optional; 2.4-5x faster loop)
 PYTHON ?= python3
 VENV   := .venv
@@ -20,7 +20,7 @@ $(STAMP_SIM): pyproject.toml | $(VENV)/bin/python
 	touch $@
 
 $(STAMP_ALL): pyproject.toml | $(VENV)/bin/python
-	$(PY) -m pip install -q -e '.[sim,real,test,dev,fast]'
+	$(PY) -m pip install -q -e '.[sim,real,serve,test,dev,fast]'
 	touch $@ $(STAMP_SIM) $(STAMP_FAST)
 
 $(STAMP_FAST): pyproject.toml | $(VENV)/bin/python

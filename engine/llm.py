@@ -1,9 +1,10 @@
 """Offline inference: ``LLM(model=DIR, ...).generate(prompts, SamplingParams)``.
 
 Responsibility: assemble the real engine from one frozen ``EngineArgs`` — model config →
-scheduler config → ``TorchExecutor`` (which sizes the KV cache) → the core's ``CacheConfig`` →
-``EngineCore`` — and run batches of prompts to completion through ``EngineLoop`` (the same
-``begin_step`` / ``finish_step`` protocol as every driver, async batch queue included) and the
+scheduler config (``EngineKnobs.scheduler_config``, the resolver the simulator uses too) →
+``TorchExecutor`` (which sizes the KV cache) → the core's ``CacheConfig`` → ``EngineCore`` —
+and run batches of prompts to completion through ``EngineLoop`` (the same ``begin_step`` /
+``finish_step`` protocol as every driver, async batch queue included) and the
 ``OutputProcessor`` (detokenization, stop strings).
 
 ``RealEngine`` is the assembled engine without the offline loop, for drivers that add requests
@@ -21,7 +22,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine.core.config import CacheConfig, ConfigError, EngineConfig, SchedulerConfig
+from engine.core.config import (
+    CLASS_DEFAULT_BUDGETS,
+    ConfigError,
+    EngineConfig,
+    EngineKnobs,
+    SchedulerConfig,
+)
 from engine.core.engine_core import EngineCore
 from engine.core.events import EventKind
 from engine.core.hashing import TokenBlockHasher
@@ -38,42 +45,43 @@ from engine.worker.config import LoadFormat, WorkerConfig
 from engine.worker.executor import TorchExecutor
 from engine.worker.model_config import ModelConfig, load_model_config
 
-#: The scheduler's token budget when none is given (vLLM's class default).
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
-DEFAULT_MAX_NUM_SEQS = 128
+#: The real engine's knobs when none are given: vLLM's, but one batch in flight (the executor
+#: runs in-process and synchronously, so a second batch would only wait for the first).
+REAL_ENGINE_KNOBS = EngineKnobs(async_scheduling=False)
 
 Prompt = str | Sequence[int] | dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
 class EngineArgs:
-    """Every knob of a real engine; ``None`` means "derive it" (see each field)."""
+    """Every knob of a real engine: the engine knobs both worlds share (``engine``), and what
+    only a real engine has (checkpoint, device, KV memory). ``None`` means "derive it"."""
 
     model: str  # local checkpoint directory
     tokenizer: str | None = None  # directory with tokenizer.json; None = the model directory
     dtype: str = "auto"  # auto (config.json), float32, float16, bfloat16
     device: str = "auto"  # auto, cpu, cuda, cuda:N
     max_model_len: int | None = None  # None = config.json's max_position_embeddings
-    max_num_batched_tokens: int | None = None  # None = 2048 (max_model_len w/o chunked prefill)
-    max_num_seqs: int | None = None  # None = min(128, max_num_batched_tokens)
-    block_size: int = 16  # tokens per KV block
-    enable_prefix_caching: bool = True
-    enable_chunked_prefill: bool = True
-    async_scheduling: bool = False
-    long_prefill_token_threshold: int = 0
-    policy: str = "fcfs"  # fcfs or priority
     num_gpu_blocks: int | None = None  # exact KV block count (incl. the null block)
     kv_cache_memory: int | None = None  # KV bytes; None = profile (CUDA) / 1 GiB (CPU)
     gpu_memory_utilization: float = 0.9
     load_format: LoadFormat = "safetensors"  # "dummy" = random weights
     attention_backend: str | None = None  # None = kernels.select_backend default
     seed: int = 0  # engine-wide sampling seed
+    # budgets, chunking, policy, async scheduling, block size, prefix caching; unset budgets
+    # take vLLM's class defaults (CLASS_DEFAULT_BUDGETS)
+    engine: EngineKnobs = REAL_ENGINE_KNOBS
 
     def __post_init__(self) -> None:
         self.worker_config()  # validates the worker knobs
-        CacheConfig(block_size=self.block_size)  # validates the block size
-        if self.policy not in ("fcfs", "priority"):
-            raise ConfigError(f"policy must be 'fcfs' or 'priority', got {self.policy!r}")
+
+    @classmethod
+    def from_kwargs(cls, model: str, **kwargs: Any) -> EngineArgs:
+        """vLLM's flat spelling, ``LLM(model, max_num_seqs=…, device=…)``: the engine knobs
+        among ``kwargs`` go to ``engine`` (over ``REAL_ENGINE_KNOBS``), the rest are fields."""
+        knob_names = {f.name for f in dataclasses.fields(EngineKnobs)}
+        knobs = {k: kwargs.pop(k) for k in list(kwargs) if k in knob_names}
+        return cls(model=model, engine=dataclasses.replace(REAL_ENGINE_KNOBS, **knobs), **kwargs)
 
     def scheduler_config(self, model_config: ModelConfig) -> SchedulerConfig:
         limit = model_config.max_position_embeddings
@@ -83,20 +91,7 @@ class EngineArgs:
                 f"max_model_len={max_model_len} exceeds the model's max_position_embeddings "
                 f"({limit})"
             )
-        budget = self.max_num_batched_tokens
-        if budget is None:
-            budget = DEFAULT_MAX_NUM_BATCHED_TOKENS
-            if not self.enable_chunked_prefill:
-                budget = max(budget, max_model_len)
-        return SchedulerConfig(
-            max_num_batched_tokens=budget,
-            max_num_seqs=self.max_num_seqs or min(DEFAULT_MAX_NUM_SEQS, budget),
-            max_model_len=max_model_len,
-            enable_chunked_prefill=self.enable_chunked_prefill,
-            long_prefill_token_threshold=self.long_prefill_token_threshold,
-            policy=self.policy,  # type: ignore[arg-type]
-            async_scheduling=self.async_scheduling,
-        )
+        return self.engine.scheduler_config(max_model_len, CLASS_DEFAULT_BUDGETS)
 
     def worker_config(self) -> WorkerConfig:
         return WorkerConfig(
@@ -111,14 +106,9 @@ class EngineArgs:
         """Load the model, size the KV cache and create the engine core."""
         model_config = load_model_config(self.model)
         scheduler = self.scheduler_config(model_config)
-        executor = TorchExecutor(self.worker_config(), scheduler, self.block_size)
+        executor = TorchExecutor(self.worker_config(), scheduler, self.engine.block_size)
         engine_config = EngineConfig(
-            scheduler=scheduler,
-            cache=CacheConfig(
-                num_gpu_blocks=executor.num_gpu_blocks,
-                block_size=self.block_size,
-                enable_prefix_caching=self.enable_prefix_caching,
-            ),
+            scheduler=scheduler, cache=self.engine.cache_config(executor.num_gpu_blocks)
         )
         tokenizer_dir = self.tokenizer or self.model
         tokenizer = (
@@ -190,7 +180,19 @@ class LLM:
 
     def __init__(self, model: str, clock: Callable[[], float] = time.perf_counter,
                  **engine_args: Any) -> None:
-        self.engine = EngineArgs(model=model, **engine_args).build()
+        self._start(EngineArgs.from_kwargs(model, **engine_args), clock)
+
+    @classmethod
+    def from_engine_args(
+        cls, args: EngineArgs, clock: Callable[[], float] = time.perf_counter
+    ) -> LLM:
+        """An ``LLM`` on an engine described by one ``EngineArgs`` (what the CLI builds)."""
+        llm = cls.__new__(cls)
+        llm._start(args, clock)
+        return llm
+
+    def _start(self, args: EngineArgs, clock: Callable[[], float]) -> None:
+        self.engine = args.build()
         self.clock = clock
         self.loop = EngineLoop(self.engine.core, self.engine.executor, clock)
         self._ids = itertools.count()

@@ -11,6 +11,7 @@ from importlib import metadata
 from pathlib import Path
 
 from engine.compiled import loaded_compiled_modules
+from reports.meta import Provenance
 
 
 @cache
@@ -30,15 +31,16 @@ def git_commit() -> str | None:
     return (sha + ("-dirty" if dirty else "")) or None
 
 
-def provenance() -> dict[str, str | int | None]:
+def provenance() -> Provenance:
+    """What code runs here, now."""
     try:
         version = metadata.version("twinserve")
     except metadata.PackageNotFoundError:
         version = None
-    return {
-        "version": version,
-        "git_commit": git_commit(),
-        "date": dt.datetime.now().strftime("%Y%m%d-%H%M%S"),
-        "python": platform.python_version(),
-        "compiled_modules": len(loaded_compiled_modules()),
-    }
+    return Provenance(
+        version=version,
+        git_commit=git_commit(),
+        date=dt.datetime.now().strftime("%Y%m%d-%H%M%S"),
+        python=platform.python_version(),
+        compiled_modules=len(loaded_compiled_modules()),
+    )

@@ -4,7 +4,7 @@ Responsibility: the parts of a kernel benchmark that must be right once — medi
 events and an L2 flush before every call, device copy bandwidth, the unique bytes and FLOPs of a
 paged-attention batch, and ``scaled_dot_product_attention`` over the same K/V (gathered into
 contiguous tensors *before* timing) as the baseline. Used by
-``experiments/gpu_bench_attention.py``; runs on CPU too (``perf_counter``), for smoke checks.
+``bench/gpu_attention.py``; runs on CPU too (``perf_counter``), for smoke checks.
 """
 
 from __future__ import annotations

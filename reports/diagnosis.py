@@ -30,6 +30,7 @@ import numpy as np
 
 from reports.breakdown import breakdown_summary
 from reports.engine_stats import engine_stats, run_span
+from reports.meta import RunMeta, meta_dict
 from reports.stats import describe
 from reports.tables import RunTables
 
@@ -95,12 +96,13 @@ def _ms(x: float) -> str:
 
 def diagnose(
     tables: RunTables,
-    meta: Mapping[str, Any],
+    meta: RunMeta | Mapping[str, Any],
     *,
     breakdown: Mapping[str, Any] | None = None,
     engine: Mapping[str, Any] | None = None,
 ) -> Diagnosis:
     """The bottleneck of the run (see the module docstring for the rules)."""
+    meta = meta_dict(meta)
     if breakdown is None:
         breakdown = breakdown_summary(tables.requests)
     if engine is None:

@@ -32,6 +32,7 @@ from reports.breakdown import breakdown_summary
 from reports.diagnosis import diagnose
 from reports.engine_stats import engine_stats, run_span
 from reports.itl import per_request_itls, per_second_peaks, pooled_itls
+from reports.meta import RunMeta, meta_dict
 from reports.options import check_goodput, parse_percentile_metrics, parse_percentiles
 from reports.stats import (
     DEFAULT_PERCENTILE_METRICS,
@@ -124,7 +125,7 @@ def metric_describes(tables: RunTables, percentiles: Sequence[float]) -> dict[st
 
 def summarize(
     tables: RunTables,
-    meta: Mapping[str, Any],
+    meta: RunMeta | Mapping[str, Any],
     *,
     goodput: Mapping[str, float] | None = None,
     percentiles: Sequence[float] = DEFAULT_PERCENTILES,
@@ -132,6 +133,7 @@ def summarize(
     detailed: bool = False,
 ) -> dict[str, Any]:
     """The summary dict (``summary.json``) of one run; see the module docstring."""
+    meta = meta_dict(meta)
     percentiles = parse_percentiles(percentiles)
     selected = parse_percentile_metrics(percentile_metrics)
     check_goodput(goodput)

@@ -6,15 +6,21 @@
 * ``--percentile-metrics ttft,tpot,itl,e2el`` — comma-separated metric names.
 
 Bad input raises ``ReportError`` with a one-line message that says what is valid.
+``SummaryOptions`` holds the three, parsed: what a run's summary reports.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from reports.errors import ReportError
-from reports.stats import PERCENTILE_METRICS
+from reports.stats import (
+    DEFAULT_PERCENTILE_METRICS,
+    DEFAULT_PERCENTILES,
+    PERCENTILE_METRICS,
+)
 
 GOODPUT_METRICS: tuple[str, ...] = ("ttft", "tpot", "e2el")
 
@@ -84,3 +90,24 @@ def parse_percentile_metrics(text: str | Sequence[str]) -> list[str]:
     if not names:
         raise ReportError("no percentile metrics given: use e.g. --percentile-metrics ttft,tpot")
     return names
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryOptions:
+    """What a run's summary reports, as ``vllm bench serve``'s result flags set it."""
+
+    goodput: Mapping[str, float] | None = None  # SLOs in ms, e.g. {"ttft": 500}; None: none
+    percentiles: tuple[float, ...] = DEFAULT_PERCENTILES  # e.g. (50.0, 99.0)
+    percentile_metrics: tuple[str, ...] = DEFAULT_PERCENTILE_METRICS  # of ttft, tpot, itl, e2el
+
+    @classmethod
+    def parse(
+        cls, goodput: Iterable[str] | None, percentiles: str, percentile_metrics: str
+    ) -> SummaryOptions:
+        """The options as the flags spell them (``--goodput``, ``--metric-percentiles``,
+        ``--percentile-metrics``); a bad one is a ``ReportError``."""
+        return cls(
+            goodput=parse_goodput(goodput) if goodput else None,
+            percentiles=tuple(parse_percentiles(percentiles)),
+            percentile_metrics=tuple(parse_percentile_metrics(percentile_metrics)),
+        )

@@ -27,7 +27,7 @@ import pandas as pd
 
 from engine.core.events import STEP_COLUMNS, EventLog
 from reports.errors import ReportError
-from reports.meta import read_json, token_budget, write_json
+from reports.meta import RunMeta, meta_dict, read_json, token_budget, write_json
 from reports.metrics import summarize
 from reports.stats import DEFAULT_PERCENTILE_METRICS, DEFAULT_PERCENTILES
 from reports.tables import STAGE_COLUMNS, RunTables, build_tables
@@ -219,7 +219,7 @@ def write_report_files(
 def write_run_dir(
     out_dir: str | Path,
     log: EventLog,
-    meta: Mapping[str, Any],
+    meta: RunMeta | Mapping[str, Any],
     *,
     goodput: Mapping[str, float] | None = None,
     percentiles: Sequence[float] = DEFAULT_PERCENTILES,
@@ -239,7 +239,7 @@ def write_run_dir(
 def write_run_dir_from_tables(
     out_dir: str | Path,
     tables: RunTables,
-    meta: Mapping[str, Any],
+    meta: RunMeta | Mapping[str, Any],
     *,
     goodput: Mapping[str, float] | None = None,
     percentiles: Sequence[float] = DEFAULT_PERCENTILES,
@@ -254,7 +254,7 @@ def write_run_dir_from_tables(
         raise ReportError(f"unknown file format {file_format!r}: use parquet or csv")
     d = Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)
-    meta = dict(meta)
+    meta = meta_dict(meta)
     meta.setdefault("date", datetime.now().strftime("%Y%m%d-%H%M%S"))
     write_json(d / "config.json", meta)
     for stale in TABLES:  # never leave a table of the other format behind

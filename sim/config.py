@@ -14,17 +14,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.core.config import (
-    CacheConfig,
+    BudgetDefaults,
     ConfigError,
     EngineConfig,
-    SchedulerConfig,
+    EngineKnobs,
     check_field_types,
     config_from_dict,
 )
+from engine.core.errors import UserError
+from sim.cost.cuda_graphs import CudaGraphConfig
+from sim.cost.host import HostCosts
 from sim.cost.roofline import RooflineParams
 from sim.hardware import GPUSpec, get_gpu
 from sim.models import ModelSpec, get_model
-from sim.workload import WorkloadConfig
+from workload.config import WorkloadConfig
 
 #: Upper bound of any one front-end cost or latency (one day): larger values are typos, and
 #: would overflow the simulated clock.
@@ -34,6 +37,12 @@ MAX_COST_S = 86400.0
 MAX_DATA_PARALLEL = 1024
 MAX_API_SERVERS = 100_000
 MAX_GPU_BLOCKS = 100_000_000
+#: Cost models by name (besides "fitted:PATH"); "auto" = "vllm" where the GPU has tables.
+COST_MODELS = ("auto", "vllm", "roofline")
+#: vLLM's --dtype values the simulator prices (16-bit; the kernel tables are bf16).
+DTYPES = ("auto", "bfloat16", "float16", "half")
+QUANTIZATIONS: tuple[str | None, ...] = (None, "fp8", "fp8_per_tensor")
+KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2")
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,44 +96,15 @@ class FrontendConfig:
                 )
 
 
-@dataclass(frozen=True, slots=True)
-class EngineKnobs:
-    """vLLM's engine knobs as a user sets them; None = vLLM 0.33.0's default for the GPU.
-
-    ``max_model_len`` and the KV block count are resolved from the model and GPU memory by
-    ``resolve_engine_config``; the full validation happens there (``SchedulerConfig``).
-    """
-
-    max_num_batched_tokens: int | None = None  # None: 8192 on H100/H200, 2048 on A100 (server)
-    max_num_seqs: int | None = None  # None: 1024 on H100/H200, 256 on A100 (server)
-    enable_chunked_prefill: bool = True
-    long_prefill_token_threshold: int = 0
-    policy: str = "fcfs"  # "fcfs" or "priority"
-    scheduler_reserve_full_isl: bool = True
-    async_scheduling: bool = True
-    block_size: int = 16
-    enable_prefix_caching: bool = True
-    watermark: float = 0.0
-
-    def __post_init__(self) -> None:
-        for name in ("max_num_batched_tokens", "max_num_seqs"):
-            v = getattr(self, name)
-            if v is not None and (not isinstance(v, int) or v < 1):
-                raise ConfigError(f"{name} must be a positive integer, got {v!r}")
-        if self.policy not in ("fcfs", "priority"):
-            raise ConfigError(f"policy must be 'fcfs' or 'priority', got {self.policy!r}")
-        CacheConfig(block_size=self.block_size, watermark=self.watermark)  # validates
-
-
-def server_defaults(gpu: GPUSpec) -> tuple[int, int]:
+def server_defaults(gpu: GPUSpec) -> BudgetDefaults:
     """vLLM 0.33.0's online-serving (max_num_batched_tokens, max_num_seqs) for a GPU
     (SCHEDULER_SPEC.md §1): >=160 GiB: 16384/1024; >=70 GiB except A100: 8192/1024; else
     2048/256."""
     if gpu.usable_memory_gib >= 160:
-        return 16384, 1024
+        return BudgetDefaults(16384, 1024)
     if gpu.usable_memory_gib >= 70 and not gpu.name.startswith("a100"):
-        return 8192, 1024
-    return 2048, 256
+        return BudgetDefaults(8192, 1024)
+    return BudgetDefaults(2048, 256)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +121,12 @@ class SimConfig:
     frontend: FrontendConfig = field(default_factory=FrontendConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     roofline: RooflineParams = field(default_factory=RooflineParams)
-    cost_model: str = "roofline"  # "roofline" or "fitted:PATH"
+    host_costs: HostCosts = field(default_factory=HostCosts)
+    cuda_graphs: CudaGraphConfig = field(default_factory=CudaGraphConfig)
+    cost_model: str = "auto"  # "auto", "vllm", "roofline" or "fitted:PATH"
+    dtype: str = "auto"  # vLLM --dtype: 16-bit activations and unquantized weights
+    quantization: str | None = None  # vLLM --quantization: None or fp8 (W8A8)
+    kv_cache_dtype: str = "auto"  # vLLM --kv-cache-dtype: auto (= the model dtype) or fp8
     data_parallel_size: int = 1  # engine replicas behind the shared API servers
     router: str = "vllm"  # how requests pick a replica (sim/cluster.py)
     router_load_cap: int = 8  # prefix_aware: max extra in-flight requests for a better hit
@@ -184,10 +169,62 @@ class SimConfig:
         if not self.uses_catalog_labels_only:
             get_model(self.model)
             get_gpu(self.gpu)
-        if not (self.cost_model == "roofline" or self.cost_model.startswith("fitted:")):
+        if not (self.cost_model in COST_MODELS or self.cost_model.startswith("fitted:")):
             raise ConfigError(
-                f"cost_model must be 'roofline' or 'fitted:PATH', got {self.cost_model!r}"
+                f"cost_model must be one of {', '.join(COST_MODELS)} or 'fitted:PATH', "
+                f"got {self.cost_model!r}"
             )
+        if self.dtype not in DTYPES:
+            raise ConfigError(
+                f"dtype must be one of {', '.join(DTYPES)} (the simulator prices 16-bit "
+                f"models), got {self.dtype!r}"
+            )
+        if self.quantization not in QUANTIZATIONS:
+            raise ConfigError(
+                f"quantization must be one of {', '.join(str(q) for q in QUANTIZATIONS)}, "
+                f"got {self.quantization!r}"
+            )
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(
+                f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                f"got {self.kv_cache_dtype!r}"
+            )
+        if self.fp8_weights and not self.uses_catalog_labels_only:
+            gpu = get_gpu(self.gpu)
+            if gpu.fp8_tflops is None:
+                raise ConfigError(
+                    f"--quantization {self.quantization} needs fp8 tensor cores, which "
+                    f"{gpu.display_name} lacks (vLLM would fall back to weight-only Marlin "
+                    "kernels, which the simulator does not price)"
+                )
+        if self.resolved_cost_model == "vllm" and not self.uses_catalog_labels_only:
+            gpu = get_gpu(self.gpu)
+            if gpu.kernel_tables is None:
+                raise ConfigError(
+                    f"cost_model 'vllm' needs measured kernel tables, which {gpu.name} has "
+                    "none of; use 'roofline'"
+                )
+
+    @property
+    def fp8_weights(self) -> bool:
+        """``--quantization fp8``: fp8 linear weights and W8A8 GEMMs."""
+        return self.quantization in ("fp8", "fp8_per_tensor")
+
+    @property
+    def fp8_kv_cache(self) -> bool:
+        return self.kv_cache_dtype.startswith("fp8")
+
+    @property
+    def resolved_cost_model(self) -> str:
+        """The cost model a run uses: "auto" is the vLLM step model where the GPU has measured
+        kernel tables, the roofline elsewhere."""
+        if self.cost_model != "auto":
+            return self.cost_model
+        try:
+            gpu = get_gpu(self.gpu)
+        except UserError:
+            return "roofline"
+        return "vllm" if gpu.kernel_tables is not None else "roofline"
 
     @property
     def uses_catalog_labels_only(self) -> bool:
@@ -207,7 +244,11 @@ class SimConfig:
 
     @property
     def model_spec(self) -> ModelSpec:
-        return get_model(self.model)
+        """The catalog model with this run's weight and KV-cache dtypes."""
+        spec = get_model(self.model)
+        if self.fp8_weights or self.fp8_kv_cache:
+            return spec.with_dtypes(fp8_weights=self.fp8_weights, fp8_kv_cache=self.fp8_kv_cache)
+        return spec
 
     @property
     def gpu_spec(self) -> GPUSpec:
@@ -266,6 +307,8 @@ SECTIONS: dict[str, type[Any]] = {
     "frontend": FrontendConfig,
     "workload": WorkloadConfig,
     "roofline": RooflineParams,
+    "host_costs": HostCosts,
+    "cuda_graphs": CudaGraphConfig,
 }
 
 
@@ -314,7 +357,8 @@ def kv_capacity(cfg: SimConfig) -> KVCapacity:
     logits of ``max_num_seqs`` sampled rows in fp32, per TP rank.
     """
     m, g, tp = cfg.model_spec, cfg.gpu_spec, cfg.tensor_parallel_size
-    t, max_num_seqs = _budgets(cfg)
+    budgets = cfg.engine.budgets(budget_defaults(cfg))
+    t, max_num_seqs = budgets.max_num_batched_tokens, budgets.max_num_seqs
     a = 2  # bf16 activations
     per_token = (
         2 * m.intermediate_size / tp
@@ -331,12 +375,13 @@ def kv_capacity(cfg: SimConfig) -> KVCapacity:
     return KVCapacity(g.memory_bytes, budget, weights, activation, kv, per_block, blocks)
 
 
-def _budgets(cfg: SimConfig) -> tuple[int, int]:
+def budget_defaults(cfg: SimConfig) -> BudgetDefaults:
+    """The budgets an unset knob takes: vLLM's online defaults for the GPU. Not looked up when
+    the knobs set both (a fitted cost model's run may name a device the catalog lacks)."""
     e = cfg.engine
     if e.max_num_batched_tokens is not None and e.max_num_seqs is not None:
-        return e.max_num_batched_tokens, e.max_num_seqs
-    default_tokens, default_seqs = server_defaults(cfg.gpu_spec)
-    return e.max_num_batched_tokens or default_tokens, e.max_num_seqs or default_seqs
+        return BudgetDefaults(e.max_num_batched_tokens, e.max_num_seqs)
+    return server_defaults(cfg.gpu_spec)
 
 
 def resolve_engine_config(cfg: SimConfig) -> EngineConfig:
@@ -388,23 +433,6 @@ def resolve_engine_config(cfg: SimConfig) -> EngineConfig:
         max_model_len = usable_tokens  # as vLLM's auto-fit of max_model_len would
     if max_model_len < 2:
         raise ConfigError(f"the KV cache holds only {usable_tokens} tokens: no request fits")
-    budget, max_num_seqs = _budgets(cfg)
-    if not e.enable_chunked_prefill:
-        budget = max(budget, max_model_len)  # vLLM: max(max_model_len, default)
-    sched = SchedulerConfig(
-        max_num_batched_tokens=budget,
-        max_num_seqs=min(max_num_seqs, budget) if e.max_num_seqs is None else max_num_seqs,
-        max_model_len=max_model_len,
-        enable_chunked_prefill=e.enable_chunked_prefill,
-        long_prefill_token_threshold=e.long_prefill_token_threshold,
-        policy=e.policy,  # type: ignore[arg-type]
-        scheduler_reserve_full_isl=e.scheduler_reserve_full_isl,
-        async_scheduling=e.async_scheduling,
+    return e.resolve(
+        max_model_len=max_model_len, num_gpu_blocks=num_blocks, defaults=budget_defaults(cfg)
     )
-    cache = CacheConfig(
-        num_gpu_blocks=num_blocks,
-        block_size=e.block_size,
-        enable_prefix_caching=e.enable_prefix_caching,
-        watermark=e.watermark,
-    )
-    return EngineConfig(scheduler=sched, cache=cache)

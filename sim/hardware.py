@@ -1,9 +1,13 @@
 """GPU catalog: datasheet peaks plus the efficiencies the roofline model applies to them.
 
+``kernel_tables`` names the GPU's measured vLLM kernel tables (``sim/data/kernels``), which the
+default cost model (``sim/cost/vllm_step.py``) prices steps from; a GPU without them is priced
+by the roofline.
+
 Peaks are dense (no sparsity) datasheet values (COST_MODEL.md §3). Efficiencies (fractions of a
 peak a real kernel reaches) are calibrated on measured operator times — the Vidur project's MLP
-profiles (``sim/data/profiles``) — by ``experiments/calibrate_roofline.py``; see
-``docs/cost_model.md`` for the fit and its error. GPUs without measured data inherit the
+profiles (``sim/data/profiles``) — by ``sim/cost/calibrate_roofline.py``; see
+``docs/roofline.md`` for the fit and its error. GPUs without measured data inherit the
 efficiencies of the closest calibrated generation, which the ``efficiency_source`` field says.
 """
 
@@ -35,6 +39,8 @@ class GPUSpec:
     allreduce_latency_s: float  # fixed cost of one all-reduce call
     allreduce_efficiency: float  # achievable fraction of NVLink bandwidth in a ring all-reduce
     efficiency_source: str  # where the efficiencies come from
+    sm_version: int = 90  # CUDA compute capability × 10 (vLLM's kernel and graph choices)
+    kernel_tables: str | None = None  # measured vLLM kernel tables (sim/cost/kernel_tables.py)
 
     @property
     def memory_bytes(self) -> float:
@@ -55,7 +61,7 @@ class GPUSpec:
         return self.nvlink_gbps * 1e9 / 2
 
 
-# Efficiencies: fitted by experiments/calibrate_roofline.py on shared/data/profiles/vidur
+# Efficiencies: fitted by sim/cost/calibrate_roofline.py on shared/data/profiles/vidur
 # (copied to sim/data/profiles); the H200 shares the H100's compute die and takes its values.
 GPUS: dict[str, GPUSpec] = {
     g.name: g
@@ -74,6 +80,8 @@ GPUS: dict[str, GPUSpec] = {
             allreduce_latency_s=28e-6,
             allreduce_efficiency=0.74,
             efficiency_source="fitted: Vidur H100 GEMM and DGX H100 all-reduce profiles",
+            sm_version=90,
+            kernel_tables="h100_sxm",
         ),
         GPUSpec(
             name="h200-sxm",
@@ -89,6 +97,8 @@ GPUS: dict[str, GPUSpec] = {
             allreduce_latency_s=28e-6,
             allreduce_efficiency=0.74,
             efficiency_source="H100 fit (same compute die; not measured on H200)",
+            sm_version=90,
+            kernel_tables="h200_sxm",
         ),
         GPUSpec(
             name="a100-80gb",
@@ -104,6 +114,8 @@ GPUS: dict[str, GPUSpec] = {
             allreduce_latency_s=43e-6,
             allreduce_efficiency=0.53,
             efficiency_source="fitted: Vidur A100 GEMM and DGX A100 all-reduce profiles",
+            sm_version=80,
+            kernel_tables="a100_sxm",
         ),
     )
 }

@@ -6,7 +6,7 @@ the linear layers, weight bytes, KV bytes per token.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from engine.core.errors import UserError
 
@@ -31,11 +31,33 @@ class ModelSpec:
     num_experts: int = 1  # MoE experts per layer (1 = dense)
     num_experts_per_token: int = 1  # experts each token is routed to
     tie_word_embeddings: bool = False
-    dtype_bytes: int = 2  # weights and KV cache in bf16 by default
+    dtype_bytes: int = 2  # model dtype: activations, embeddings, unquantized weights (bf16)
+    linear_weight_bytes: int | None = None  # layers' linear weights (1: fp8); None: dtype_bytes
+    kv_cache_bytes: int | None = None  # one K or V element in the cache (1: fp8); None: dtype
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"{self.name}: num_heads must be a multiple of num_kv_heads")
+
+    @property
+    def linear_bytes(self) -> int:
+        """Bytes per parameter of the decoder layers' linear weights."""
+        return self.dtype_bytes if self.linear_weight_bytes is None else self.linear_weight_bytes
+
+    @property
+    def kv_bytes(self) -> int:
+        """Bytes per K or V element in the KV cache."""
+        return self.dtype_bytes if self.kv_cache_bytes is None else self.kv_cache_bytes
+
+    def with_dtypes(self, *, fp8_weights: bool, fp8_kv_cache: bool) -> ModelSpec:
+        """This model with fp8 (1-byte) linear weights and/or KV cache, as vLLM's
+        ``--quantization fp8`` and ``--kv-cache-dtype fp8`` store them (embedding and LM head
+        stay in the model dtype)."""
+        return replace(
+            self,
+            linear_weight_bytes=1 if fp8_weights else None,
+            kv_cache_bytes=1 if fp8_kv_cache else None,
+        )
 
     # -- parameter counts (per layer unless stated) ---------------------------------------------
     @property
@@ -74,12 +96,15 @@ class ModelSpec:
 
     @property
     def weight_bytes(self) -> int:
-        return self.total_params * self.dtype_bytes
+        """Stored weights: the layers' linear weights at ``linear_bytes``, the embedding (and
+        an untied LM head) at ``dtype_bytes``."""
+        layers = self.num_layers * (self.attn_params + self.mlp_params)
+        return layers * self.linear_bytes + (self.total_params - layers) * self.dtype_bytes
 
     @property
     def kv_bytes_per_token(self) -> int:
         """K and V of every layer for one token."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.kv_bytes
 
 
 MODELS: dict[str, ModelSpec] = {

@@ -24,12 +24,11 @@ from engine.core.config import EngineConfig
 from engine.core.engine_core import EngineCore
 from engine.core.events import EventKind, EventLog
 from engine.core.interfaces import CostModel
-from engine.core.outputs import BatchShape, EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
+from engine.core.outputs import EngineCoreOutput
 from engine.core.request import Request
 from sim.config import FrontendConfig
-from sim.cost.roofline import RooflineCostModel
 from sim.executor import PLACEHOLDER_TOKEN_ID, SimExecutor
-from sim.stages import OutputProcessor
+from sim.stages import OutputStage
 
 #: Bulk runs shorter than this are executed step by step (finding one costs O(running)).
 MIN_BULK_ITERATIONS: Final = 2
@@ -58,18 +57,10 @@ class EngineReplica:
         self.core = EngineCore(
             engine_config, log, replica=index, first_step_id=index * STEP_ID_STRIDE
         )
-        self.cost_model = cost_model
-        # the cost model's shortcut for pure-decode steps, when it has one: bit-identical to
-        # step_time(...).total_s, and faster (see RooflineCostModel.decode_step_total)
-        self._decode_total: Callable[[int, int], float] | None = getattr(
-            cost_model, "decode_step_total", None
-        )
-        # the roofline's, called natively when compiled (a bound-method call is generic)
-        self._roofline = cost_model if isinstance(cost_model, RooflineCostModel) else None
-        self.executor = SimExecutor(cost_model)
+        self.executor = SimExecutor(cost_model)  # the one way to the cost model
         self.frontend = frontend
         self.log = log
-        self.out = OutputProcessor(frontend)
+        self.out = OutputStage(frontend)
         self.fast_path = fast_path
         self.closed_loop = closed_loop  # finishes free client slots: bulk runs stop there
         self.report_state = report_state  # keep per-step state reports for a router
@@ -127,11 +118,17 @@ class EngineReplica:
             now += fe.schedule_overhead_s + fe.schedule_s_per_request * len(
                 out.num_scheduled_tokens
             )
-            cost = self.executor.step_time(out).total_s
+            step = self.executor.step_time(out)
+            cost = step.total_s
             if self._wakeup_s and out.total_num_scheduled_tokens:
                 cost += self._wakeup_s
                 self._wakeup_s = 0.0
-            start = now if now > self._gpu_free_s else self._gpu_free_s
+            # the worker prepares the inputs, then launches while the GPU runs: the GPU starts
+            # when both the first launch and the GPU are ready; the CPU is busy until the last
+            # launch (with async scheduling that overlaps the previous step on the GPU)
+            ready = now + step.host_s
+            start = ready if ready > self._gpu_free_s else self._gpu_free_s
+            now = ready + step.launch_s
             self._gpu_free_s = start + cost
             self._pending[out.step_id] = (start, start + cost, cost)
         if core.must_finish_step():
@@ -140,7 +137,8 @@ class EngineReplica:
             if end > now:
                 now = end
             outputs = core.finish_step(
-                oldest, self._sampled(oldest, cost), now, execute_start_s=start, execute_end_s=end
+                oldest, self.executor.sampled(oldest, cost), now, execute_start_s=start,
+                execute_end_s=end,
             )
             self._report(now)
             self._deliver(oldest.step_id, now, outputs)
@@ -153,14 +151,6 @@ class EngineReplica:
         sched = self.core.scheduler
         self._reports.append(
             (update_s, len(sched.running), len(sched.waiting), sched.kv_cache_manager.usage)
-        )
-
-    @staticmethod
-    def _sampled(out: SchedulerOutput, cost: float) -> ModelRunnerOutput:
-        partial = out.partial_prefill_req_ids
-        token = [PLACEHOLDER_TOKEN_ID]
-        return ModelRunnerOutput(
-            {r: token for r in out.num_scheduled_tokens if r not in partial}, execute_time_s=cost
         )
 
     def _deliver(self, step_id: int, update_s: float, outputs: list[EngineCoreOutput]) -> None:
@@ -186,9 +176,7 @@ class EngineReplica:
         per_req, sched_base, c_update = (
             fe.schedule_s_per_request, fe.schedule_overhead_s, fe.update_overhead_s
         )
-        decode_total = self._decode_total
-        roofline = self._roofline
-        step_time = self.cost_model.step_time
+        executor = self.executor
         sched_t: list[float] = []
         starts: list[float] = []
         ends: list[float] = []
@@ -222,33 +210,35 @@ class EngineReplica:
                 if k >= available:
                     break
             n = decoding[k]
+            host = launch = 0.0
             if k < num_prefill:  # a prefill chunk too: the full model
                 t1 = t + (sched_base + per_req * (n + 1))  # the step-by-step path's sum
                 sampling = run.num_sampling(k)
-                cost = step_time(run.batch_shape(k)).total_s
+                step = executor.shape_time(run.batch_shape(k))
+                cost, host, launch = step.total_s, step.host_s, step.launch_s
             else:
                 t1 = t + (sched_base + per_req * n)
                 sampling = n
-                if roofline is not None:
-                    cost = roofline.decode_step_total(n, context_sum[k])
-                elif decode_total is not None:
-                    cost = float(decode_total(n, context_sum[k]))  # numpy scalars too
-                else:
-                    cost = self._decode_step_time(n, context_sum[k], run.context_max[k])
+                cost = executor.decode_time_s(n, context_sum[k], run.context_max[k])
+                host, launch = executor.decode_host_s(n)
+            ready = t1 + host  # the step-by-step path's order of additions
+            cpu_free = ready + launch
             sched_t.append(t)
             if is_async:
-                update = t1 if t1 > prev_end else prev_end
+                update = cpu_free if cpu_free > prev_end else prev_end
                 starts.append(prev_start)
                 ends.append(prev_end)
                 costs.append(prev_cost)
                 tokens.append(prev_tokens)
-                # the GPU takes the new batch as soon as it is submitted and free
-                prev_start, prev_end, prev_cost = update, update + cost, cost
+                # the GPU takes the new batch as soon as it is launched and free
+                start = ready if ready > prev_end else prev_end
+                prev_start, prev_end, prev_cost = start, start + cost, cost
                 prev_tokens = sampling
             else:
-                update = t1 + cost
-                starts.append(t1)
-                ends.append(update)
+                end = ready + cost
+                update = end if end > cpu_free else cpu_free
+                starts.append(ready)
+                ends.append(end)
                 costs.append(cost)
                 tokens.append(sampling)
             updates.append(update)
@@ -312,9 +302,3 @@ class EngineReplica:
             req_id = requests[order[pos]].req_id
             log.record(req_id, EventKind.DELIVERED, d)
             self._on_request_done(req_id, d)
-
-    def _decode_step_time(self, n: int, ctx_sum: int, ctx_max: int) -> float:
-        """Duration of a pure-decode step of ``n`` requests whose contexts sum to ``ctx_sum``
-        (max ``ctx_max``), from the cost model's ``step_time`` (used when the model has no
-        ``decode_step_total``)."""
-        return self.cost_model.step_time(BatchShape(n, n, (), (), n, ctx_sum, ctx_max, n)).total_s

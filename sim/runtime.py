@@ -10,7 +10,7 @@ very code the golden replays check) at its centre:
 * the **engine** process runs vLLM's busy loop: drain inputs, ``begin_step``, the cost model's
   step time on the GPU timeline, ``finish_step`` of the oldest batch — two batches in flight
   under async scheduling, so the scheduler's CPU time (a cost term) overlaps the GPU;
-* each step's outputs go over IPC to the **output processor** (``stages.OutputProcessor``) and
+* each step's outputs go over IPC to the **output processor** (``stages.OutputStage``) and
   over the network to the clients.
 
 Every stage writes the core's event records. For speed the engine runs ahead of the SimPy
@@ -42,7 +42,9 @@ from sim.cluster import ReplicaView, Router, make_router
 from sim.config import SimConfig, resolve_engine_config
 from sim.replica import STEP_ID_STRIDE, EngineReplica
 from sim.stages import APIServerPool, FrontendTimes
-from sim.workload import Workload, build_workload
+from workload.admission import exceeds_max_model_len, reject_reason
+from workload.build import build_workload
+from workload.stream import Workload
 
 #: Youngest-generation GC threshold during a run (CPython's default is 700).
 GC_GEN0_THRESHOLD = 20_000
@@ -110,17 +112,34 @@ class SimResult:
     reject_reasons: dict[str, str] = field(default_factory=dict)
 
 
-def make_cost_model(cfg: SimConfig) -> CostModel:
-    """The cost model ``cfg.cost_model`` names."""
-    if cfg.cost_model == "roofline":
+def make_cost_model(cfg: SimConfig, engine_config: EngineConfig | None = None) -> CostModel:
+    """The cost model ``cfg.cost_model`` names ("auto": ``cfg.resolved_cost_model``); the vLLM
+    step model sizes its CUDA graphs from the engine's scheduler budgets."""
+    name = cfg.resolved_cost_model
+    if name == "roofline":
         from sim.cost.roofline import RooflineCostModel
 
         return RooflineCostModel(
             cfg.model_spec, cfg.gpu_spec, cfg.tensor_parallel_size, cfg.roofline
         )
+    if name == "vllm":
+        from sim.cost.cuda_graphs import CudaGraphPlan
+        from sim.cost.vllm_step import VllmStepCostModel
+
+        sched = (engine_config or resolve_engine_config(cfg)).scheduler
+        gpu = cfg.gpu_spec
+        graphs = CudaGraphPlan.for_engine(
+            cfg.cuda_graphs, sched.max_num_seqs, sched.max_num_batched_tokens, gpu.sm_version,
+        )
+        return VllmStepCostModel(
+            cfg.model_spec, gpu, cfg.tensor_parallel_size,
+            weight_dtype="fp8" if cfg.fp8_weights else "bfloat16",
+            kv_cache_dtype="fp8" if cfg.fp8_kv_cache else "bfloat16",
+            graphs=graphs, host=cfg.host_costs,
+        )
     from sim.cost.fitted import FittedCostModel
 
-    model: CostModel = FittedCostModel.load(cfg.cost_model.split(":", 1)[1])
+    model: CostModel = FittedCostModel.load(name.split(":", 1)[1])
     return model
 
 
@@ -138,7 +157,9 @@ class SimRuntime:
         self.cfg = cfg
         self.engine_config = resolve_engine_config(cfg)
         self.workload = workload if workload is not None else build_workload(cfg.workload)
-        self.cost_model = cost_model if cost_model is not None else make_cost_model(cfg)
+        self.cost_model = (
+            cost_model if cost_model is not None else make_cost_model(cfg, self.engine_config)
+        )
         self.log = EventLog()
         self.replicas = [
             EngineReplica(
@@ -241,11 +262,8 @@ class SimRuntime:
         output_len = int(w.output_lens[i])
         log.record(req_id, EventKind.ARRIVAL, send_s, prompt_len)
         self._outstanding += 1
-        if self._rejects(i):
-            reason = (
-                f"prompt ({prompt_len}) + max_tokens ({output_len}) exceeds max_model_len "
-                f"({self._max_model_len})"
-            )
+        reason = reject_reason(prompt_len, output_len, self._max_model_len)
+        if reason is not None:
             self.reject_reasons[req_id] = reason
             self.stats.num_rejected += 1
             back = send_s + 2 * fe.network_latency_s
@@ -293,7 +311,9 @@ class SimRuntime:
 
     def _rejects(self, i: int) -> bool:
         w = self.workload
-        return int(w.prompt_lens[i]) + int(w.output_lens[i]) > self._max_model_len
+        return exceeds_max_model_len(
+            int(w.prompt_lens[i]), int(w.output_lens[i]), self._max_model_len
+        )
 
     def _make_request(
         self, i: int, req_id: str, prompt_len: int, output_len: int, send_s: float

@@ -6,8 +6,9 @@ computed in closed form instead of with one SimPy event per request:
 * ``APIServerPool`` — ``num_api_servers`` front-end processes serving requests first come, first
   served (exactly a SimPy ``Resource(capacity=N)`` with FIFO requests): validation + chat
   template + tokenization, then IPC to the engine core.
-* ``OutputProcessor`` — one serial stage that receives each engine step's outputs over IPC,
-  detokenizes them and streams the chunks to clients (vLLM's output handler); a step's outputs
+* ``OutputStage`` — one serial stage that receives each engine step's outputs over IPC,
+  detokenizes them and streams the chunks to clients (the time vLLM's output handler takes; the
+  real detokenizer is ``engine.serve.output_processor.OutputProcessor``); a step's outputs
   reach their clients together when it finishes processing them.
 
 Requests are offered to the pool in send order and step outputs to the processor in update
@@ -58,7 +59,7 @@ class APIServerPool:
         return FrontendTimes(start, done, done + cfg.ipc_latency_s)
 
 
-class OutputProcessor:
+class OutputStage:
     """Serial detokenize-and-stream stage for engine step outputs."""
 
     def __init__(self, cfg: FrontendConfig) -> None:

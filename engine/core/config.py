@@ -5,6 +5,12 @@ Each component gets one frozen dataclass whose fields carry vLLM 0.33.0's names 
 ``ConfigError`` (a ``ValueError``) that names the offending knob; nothing is mutated after
 construction. The CLI and experiment files are built from these same fields, and
 ``from_dict`` rejects unknown keys with the list of valid ones.
+
+``EngineKnobs`` is what a user sets, the same type in both worlds; its ``resolve`` (or
+``scheduler_config`` then ``cache_config``, when the KV block count is known only once the
+scheduler's budgets are) turns it into the ``EngineConfig`` the core runs with, given what
+each world derives itself: ``max_model_len``, the KV block count, and the deployment's default
+budgets (``BudgetDefaults``).
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from typing import Any, Literal, Self, TypeGuard, TypeVar
 from engine.core.errors import UserError
 
 SchedulingPolicy = Literal["fcfs", "priority"]
+#: The valid scheduling policies (``SchedulingPolicy``), checked in one place: ``_require_policy``.
+POLICIES: tuple[str, ...] = ("fcfs", "priority")
 
 #: vLLM's default KV block size (``CacheConfig.DEFAULT_BLOCK_SIZE``).
 DEFAULT_BLOCK_SIZE = 16
@@ -41,6 +49,10 @@ def is_int(value: object) -> TypeGuard[int]:
 def is_number(value: object) -> TypeGuard[int | float]:
     """An int or a float (possibly NaN or infinite), never a ``bool``."""
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _require_policy(policy: object) -> None:
+    _require(policy in POLICIES, f"policy must be 'fcfs' or 'priority', got {policy!r}")
 
 
 def _require_bools(obj: object, names: tuple[str, ...]) -> None:
@@ -191,10 +203,7 @@ class SchedulerConfig:
             f"long_prefill_token_threshold must be in [0, max_model_len={self.max_model_len}], "
             f"got {self.long_prefill_token_threshold!r}",
         )
-        _require(
-            self.policy in ("fcfs", "priority"),
-            f"policy must be 'fcfs' or 'priority', got {self.policy!r}",
-        )
+        _require_policy(self.policy)
         _require_bools(
             self, ("enable_chunked_prefill", "scheduler_reserve_full_isl", "async_scheduling")
         )
@@ -266,3 +275,97 @@ class EngineConfig:
     scheduler: SchedulerConfig = dataclasses.field(default_factory=SchedulerConfig)
     cache: CacheConfig = dataclasses.field(default_factory=CacheConfig)
 
+
+@dataclass(frozen=True, slots=True)
+class BudgetDefaults:
+    """The per-step budgets a deployment takes when the user leaves them unset: vLLM picks them
+    by device and entry point (the offline ``LLM`` class or the online server, SCHEDULER_SPEC.md
+    §1)."""
+
+    max_num_batched_tokens: int  # token budget of one step
+    max_num_seqs: int  # most running requests
+
+
+#: vLLM's class defaults (``SchedulerConfig``'s own), used by the offline real engine.
+CLASS_DEFAULT_BUDGETS = BudgetDefaults(max_num_batched_tokens=2048, max_num_seqs=128)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineKnobs:
+    """vLLM's engine knobs as a user sets them, in either world; None = the deployment's default.
+
+    Invariants: budgets, when given, are positive integers; the policy is one of ``POLICIES``;
+    the block size and watermark are valid for a ``CacheConfig``. Everything that depends on
+    the model or the memory (``max_model_len``, the KV block count) is resolved elsewhere and
+    passed to ``resolve``, where the full ``SchedulerConfig`` validation runs.
+    """
+
+    max_num_batched_tokens: int | None = None  # None: the deployment's default (BudgetDefaults)
+    max_num_seqs: int | None = None  # None: min(the deployment's default, the token budget)
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0
+    policy: str = "fcfs"  # "fcfs" or "priority"
+    scheduler_reserve_full_isl: bool = True
+    async_scheduling: bool = True  # vLLM 0.33.0's online default; two batches in flight
+    block_size: int = DEFAULT_BLOCK_SIZE
+    enable_prefix_caching: bool = True
+    watermark: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_batched_tokens", "max_num_seqs"):
+            v = getattr(self, name)
+            _require(v is None or (is_int(v) and v >= 1),
+                     f"{name} must be a positive integer, got {v!r}")
+        _require_policy(self.policy)
+        CacheConfig(block_size=self.block_size, watermark=self.watermark)  # validates
+
+    def budgets(self, defaults: BudgetDefaults) -> BudgetDefaults:
+        """The budgets given, each one left unset taken from ``defaults``."""
+        return BudgetDefaults(
+            max_num_batched_tokens=self.max_num_batched_tokens or defaults.max_num_batched_tokens,
+            max_num_seqs=self.max_num_seqs or defaults.max_num_seqs,
+        )
+
+    def scheduler_config(self, max_model_len: int, defaults: BudgetDefaults) -> SchedulerConfig:
+        """The scheduler's config for sequences of up to ``max_model_len`` tokens. Without
+        chunked prefill the token budget is raised to ``max_model_len`` (a prompt must fit in
+        one step); an unset ``max_num_seqs`` never exceeds the token budget."""
+        budgets = self.budgets(defaults)
+        budget = budgets.max_num_batched_tokens
+        if not self.enable_chunked_prefill:
+            budget = max(budget, max_model_len)
+        max_num_seqs = budgets.max_num_seqs
+        if self.max_num_seqs is None:
+            max_num_seqs = min(max_num_seqs, budget)
+        return SchedulerConfig(
+            max_num_batched_tokens=budget,
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len,
+            enable_chunked_prefill=self.enable_chunked_prefill,
+            long_prefill_token_threshold=self.long_prefill_token_threshold,
+            policy=self.policy,  # type: ignore[arg-type]  # checked: one of POLICIES
+            scheduler_reserve_full_isl=self.scheduler_reserve_full_isl,
+            async_scheduling=self.async_scheduling,
+        )
+
+    def cache_config(self, num_gpu_blocks: int) -> CacheConfig:
+        """The KV cache's config with ``num_gpu_blocks`` blocks (the null block included)."""
+        return CacheConfig(
+            num_gpu_blocks=num_gpu_blocks,
+            block_size=self.block_size,
+            enable_prefix_caching=self.enable_prefix_caching,
+            watermark=self.watermark,
+        )
+
+    def resolve(
+        self, *, max_model_len: int, num_gpu_blocks: int, defaults: BudgetDefaults
+    ) -> EngineConfig:
+        """The ``EngineConfig`` the core runs with (see ``scheduler_config``)."""
+        return EngineConfig(
+            scheduler=self.scheduler_config(max_model_len, defaults),
+            cache=self.cache_config(num_gpu_blocks),
+        )
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> Self:
+        return config_from_dict(cls, values)

@@ -78,6 +78,7 @@ class Tokenizer:
         self.bos_token = _token_text(config.get("bos_token"))
         self.eos_token = _token_text(config.get("eos_token"))
         self.chat_template = chat_template
+        self._compiled_template: Any = None  # compiled on first use (a server renders often)
         self.eos_token_id = None if self.eos_token is None else backend.token_to_id(self.eos_token)
         self.bos_token_id = None if self.bos_token is None else backend.token_to_id(self.bos_token)
 
@@ -127,21 +128,24 @@ class Tokenizer:
         if self.chat_template is None:
             raise TokenizerError("this tokenizer has no chat_template in tokenizer_config.json")
         from jinja2 import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        def raise_exception(message: str) -> None:
-            raise TemplateError(message)
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.filters["tojson"] = lambda x, indent=None: json.dumps(x, indent=indent)
-        env.globals["raise_exception"] = raise_exception
         try:
-            return env.from_string(self.chat_template).render(
+            if self._compiled_template is None:
+                from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+                def raise_exception(message: str) -> None:
+                    raise TemplateError(message)
+
+                env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+                env.filters["tojson"] = lambda x, indent=None: json.dumps(x, indent=indent)
+                env.globals["raise_exception"] = raise_exception
+                self._compiled_template = env.from_string(self.chat_template)
+            return str(self._compiled_template.render(
                 messages=list(messages),
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token or "",
                 eos_token=self.eos_token or "",
-            )
+            ))
         except TemplateError as exc:
             raise TokenizerError(f"chat template failed: {exc}") from None
 

@@ -446,10 +446,15 @@ class FittedCostModel:
         """``prefill_attention_flops`` of one chunk."""
         return self._attn_flops * query_len * (context_len + (query_len + 1) / 2.0)
 
-    def decode_step_total(self, num_reqs: int, context_sum: int) -> float:
-        """``step_time(...).total_s`` of a pure-decode step, bit for bit (same arithmetic)."""
+    def decode_step_total(self, num_reqs: int, context_sum: int, context_max: int) -> float:
+        """``step_time(...).total_s`` of a pure-decode step, bit for bit (same arithmetic;
+        the fitted features do not use the longest context, ``context_max``)."""
         linear, attention, overhead = self._terms(num_reqs, num_reqs, num_reqs, 0.0, context_sum)
         return linear + attention + overhead
+
+    def decode_step_host(self, num_reqs: int) -> tuple[float, float]:
+        """A fitted step folds its host work into its measured duration: (0, 0)."""
+        return 0.0, 0.0
 
     def scaled(self, factor: float) -> FittedCostModel:
         """This model on a machine ``factor`` times slower: every step coefficient, every CPU

@@ -33,7 +33,7 @@ class RooflineParams:
     """Knobs of the roofline beyond the GPU catalog's efficiencies (seconds unless stated).
 
     Defaults: ``kernel_floor_s`` is the shortest time a GEMM kernel takes however small its
-    input (fitted with the efficiencies, see docs/cost_model.md); ``step_overhead_s`` covers a
+    input (fitted with the efficiencies, see docs/roofline.md); ``step_overhead_s`` covers a
     step's launch/graph replay and sampler set-up on the GPU side; ``per_request_overhead_s``
     per-sequence work that scales with the batch (sampling, metadata). Both overheads are
     estimates from vLLM's published V1 profiles on H100 (decode steps spend ≈0.3–0.6 ms outside
@@ -58,6 +58,15 @@ class RooflineParams:
                 "attention_compute_efficiency must be in [0.001, 1], got "
                 f"{self.attention_compute_efficiency}"
             )
+
+
+def ring_allreduce_s(
+    nbytes: float, world_size: int, link_bw_bytes_s: float, efficiency: float, latency_s: float
+) -> float:
+    """A ring all-reduce of ``nbytes`` per GPU over ``world_size`` GPUs:
+    ``2(t-1)/t · bytes / (link bandwidth · ε) + L`` (public: the calibration fits ε and L)."""
+    t = world_size
+    return 2.0 * (t - 1) / t * nbytes / (link_bw_bytes_s * efficiency) + latency_s
 
 
 class RooflineCostModel:
@@ -86,9 +95,13 @@ class RooflineCostModel:
                 f"tensor_parallel_size {tp} does not divide {model.name}'s "
                 f"{model.num_kv_heads} KV heads"
             )
-        m, w = model, model.dtype_bytes
-        self._flops_s = gpu.peak_flops * gpu.compute_efficiency
-        self._attn_flops_s = self._flops_s * self.params.attention_compute_efficiency
+        m, w = model, model.linear_bytes
+        # fp8 (1-byte) linear weights run W8A8 GEMMs at the fp8 peak
+        peak = gpu.fp8_tflops * 1e12 if w == 1 and gpu.fp8_tflops else gpu.peak_flops
+        self._flops_s = peak * gpu.compute_efficiency
+        self._attn_flops_s = (  # attention stays 16-bit
+            gpu.peak_flops * gpu.compute_efficiency * self.params.attention_compute_efficiency
+        )
         self._bw = gpu.memory_bw_bytes_s * gpu.memory_efficiency
         hq, hkv, d = m.num_heads, m.num_kv_heads, m.head_dim
         h, f = m.hidden_size, m.intermediate_size
@@ -100,7 +113,7 @@ class RooflineCostModel:
             (f / tp, h),  # down
         )
         self._expert_gemms = 2  # gate+up and down are per expert
-        self._kv_bytes_token_layer = 2 * max(hkv / tp, 1) * d * w  # K and V of one token
+        self._kv_bytes_token_layer = 2 * max(hkv / tp, 1) * d * m.kv_bytes  # K and V, 1 token
         self._q_heads = hq / tp
         self._weight_bytes = w
         # Memoised per-token-count terms (pure functions of their argument).
@@ -108,14 +121,28 @@ class RooflineCostModel:
         self._lm_head_memo: dict[int, float] = {}
         self._comm_memo: dict[int, float] = {}
 
+    # -- the work a step does (public: the calibration fits the roofs on these counts) ----------
+    @property
+    def layer_gemm_shapes(self) -> tuple[tuple[float, float], ...]:
+        """(in_features, out_features) per TP rank of a layer's GEMMs: QKV, O, gate+up, down."""
+        return self._gemms
+
+    def gemm_flops(self, tokens: float, k: float, n: float) -> float:
+        """FLOPs of a ``tokens × k`` by ``k × n`` product."""
+        return 2.0 * tokens * k * n
+
+    def gemm_bytes(self, tokens: float, k: float, n: float, num_copies: float = 1.0) -> float:
+        """Bytes it moves: ``num_copies`` weight matrices read once, activations in and out."""
+        w, a = self._weight_bytes, self.params.activation_bytes
+        return num_copies * k * n * w + tokens * (k + n) * a
+
     # -- pieces ---------------------------------------------------------------------------------
     def _gemm_time(self, tokens: float, k: float, n: float, num_copies: float = 1.0) -> float:
         """One GEMM of ``tokens × k`` by ``k × n`` (``num_copies`` weight matrices read)."""
         if tokens <= 0:
             return 0.0
-        w, a = self._weight_bytes, self.params.activation_bytes
-        flops = 2.0 * tokens * k * n
-        bytes_ = num_copies * k * n * w + tokens * (k + n) * a
+        flops = self.gemm_flops(tokens, k, n)
+        bytes_ = self.gemm_bytes(tokens, k, n, num_copies)
         return max(flops / self._flops_s, bytes_ / self._bw) + self.params.kernel_floor_s
 
     def _linear_layer_time(self, tokens: int) -> float:
@@ -160,8 +187,9 @@ class RooflineCostModel:
             return 0.0
         nbytes = tokens * self.model.hidden_size * self.params.activation_bytes
         gpu = self.gpu
-        ring = 2.0 * (tp - 1) / tp * nbytes / (gpu.link_bw_bytes_s * gpu.allreduce_efficiency)
-        return ring + gpu.allreduce_latency_s
+        return ring_allreduce_s(
+            nbytes, tp, gpu.link_bw_bytes_s, gpu.allreduce_efficiency, gpu.allreduce_latency_s
+        )
 
     # -- the protocol ---------------------------------------------------------------------------
     def step_time(self, shape: BatchShape) -> StepTime:
@@ -190,10 +218,11 @@ class RooflineCostModel:
             overhead_s=overhead,
         )
 
-    def decode_step_total(self, num_reqs: int, context_sum: int) -> float:
+    def decode_step_total(self, num_reqs: int, context_sum: int, context_max: int) -> float:
         """``step_time(...).total_s`` of a pure-decode step of ``num_reqs`` requests whose
         cached contexts sum to ``context_sum`` — the same operations in the same order, so the
-        value is bit-identical (the simulator's bulk decode runs rely on it)."""
+        value is bit-identical (the simulator's bulk decode runs rely on it). The roofline
+        reads every context once, so the longest (``context_max``) does not matter."""
         layers = self.model.num_layers
         linear = self._linear_memo.get(num_reqs)
         if linear is None:
@@ -214,3 +243,7 @@ class RooflineCostModel:
             comm = self._comm_memo[num_reqs] = layers * 2 * self._allreduce_time(num_reqs)
         overhead = self.params.step_overhead_s + self.params.per_request_overhead_s * num_reqs
         return linear + attention + comm + overhead
+
+    def decode_step_host(self, num_reqs: int) -> tuple[float, float]:
+        """The roofline folds host work into its per-step overheads: (0, 0)."""
+        return 0.0, 0.0

@@ -20,7 +20,7 @@ from engine.compiled import (
     source_digest,
     stale_modules,
 )
-from experiments.cmd_compile import HOT_MODULES, clean, status
+from experiments.cli.cmd_compile import HOT_MODULES, clean, status
 
 EXT = EXTENSION_SUFFIXES[0]
 

@@ -4,13 +4,23 @@
   numpy. It never reads a clock (``time.time``/``monotonic``/``perf_counter``…,
   ``datetime.now``…) and never draws unseeded randomness (the ``random`` module,
   ``numpy.random`` outside a seeded ``default_rng(seed)``, ``os.urandom``, ``uuid4``, ``secrets``).
-* ``sim`` imports only ``engine.core`` of ours (and ``engine.compiled``, the compiled-build
-  guard its package runs first); never torch/triton, engine.worker, engine.serve or kernels.
-* ``engine/worker`` imports ``engine.core`` and ``kernels``, not ``sim``; ``engine/serve``
-  imports ``engine.core`` and ``engine.worker``.
+* ``workload`` (the request streams both worlds serve) imports only ``workload`` and two leaf
+  modules of the core (``engine.core.config``'s field checks, ``engine.core.errors``); besides
+  the standard library only numpy. Both worlds import it: ``sim`` and the real-run driver.
+* ``sim`` imports only ``engine.core`` and ``workload`` of ours (and ``engine.compiled``, the
+  compiled-build guard its package runs first); never torch/triton, engine.worker,
+  engine.serve or kernels.
+* ``engine`` (all of it: the core, the real world, the offline ``LLM``) never imports ``sim``,
+  ``experiments``, ``reports`` or ``bench``; ``engine/worker`` imports ``engine.core`` and
+  ``kernels``; ``engine/serve`` imports ``engine.core``, ``engine.worker``, ``workload`` and the
+  engine assembly ``engine.llm``.
+* ``engine/entrypoints`` (the server processes) imports ``engine.core`` and ``engine.serve``,
+  never torch/triton, the worker or the simulator: the engine behind it is given as a factory.
 * ``reports`` imports only ``engine.core.events`` of ours, plus pandas/numpy/matplotlib and
   pyarrow (pandas' Parquet engine, used directly to write tables in row groups).
 * ``kernels`` imports nothing of ours.
+* ``bench`` (benchmarks and GPU scripts) may import any package of ours, and none imports it
+  (only its tests do).
 
 Packages that do not exist yet are simply not checked; the checker itself is tested on snippets.
 """
@@ -25,7 +35,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-OUR_PACKAGES = frozenset({"engine", "sim", "kernels", "reports", "experiments", "tests"})
+OUR_PACKAGES = frozenset(
+    {"engine", "sim", "workload", "kernels", "reports", "experiments", "bench", "tests"}
+)
 STDLIB = frozenset(sys.stdlib_module_names)
 
 
@@ -41,20 +53,39 @@ class Rule:
 
 RULES: dict[str, Rule] = {
     "engine/core": Rule(ours=("engine.core",), third_party=("numpy",), clock_free=True),
+    "workload": Rule(
+        ours=("workload", "engine.core.config", "engine.core.errors"), third_party=("numpy",)
+    ),
     "sim": Rule(
-        ours=("sim", "engine.core", "engine.compiled"), third_party=None,
+        ours=("sim", "engine.core", "engine.compiled", "workload"), third_party=None,
         forbidden_third_party=("torch", "triton"),
     ),
+    "engine": Rule(ours=("engine", "kernels", "workload"), third_party=None),
     "engine/worker": Rule(ours=("engine.worker", "engine.core", "kernels"), third_party=None),
     "engine/serve": Rule(
-        ours=("engine.serve", "engine.core", "engine.worker"), third_party=None
+        ours=("engine.serve", "engine.core", "engine.worker", "engine.llm", "workload"),
+        third_party=None,
+    ),
+    "engine/entrypoints": Rule(
+        ours=("engine.entrypoints", "engine.serve", "engine.core"), third_party=None,
+        forbidden_third_party=("torch", "triton"),
     ),
     "reports": Rule(
         ours=("reports", "engine.core.events"),
         third_party=("pandas", "numpy", "matplotlib", "pyarrow"),
     ),
     "kernels": Rule(ours=("kernels",), third_party=None),
+    "bench": Rule(
+        ours=("bench", "engine", "sim", "workload", "kernels", "reports", "experiments"),
+        third_party=None,
+    ),
 }
+
+#: The real world's driver of a workload (``twinserve run-real``).
+REAL_RUN_DRIVER = "engine/serve/real_run.py"
+
+#: Packages only some packages may import (beyond the package itself).
+IMPORTED_ONLY_BY: dict[str, tuple[str, ...]] = {"bench": ("tests",)}
 
 CLOCK_FUNCTIONS = frozenset(
     {
@@ -194,6 +225,8 @@ def _dotted(node: ast.expr, aliases: dict[str, str]) -> str | None:
 
 def _files(package: str) -> list[Path]:
     directory = ROOT / package
+    if directory.suffix == ".py":
+        return [directory] if directory.is_file() else []
     return sorted(directory.rglob("*.py")) if directory.is_dir() else []
 
 
@@ -206,6 +239,39 @@ def test_import_direction(package: str) -> None:
         found = import_violations(source, module_name(path), rule, path.name == "__init__.py")
         problems.extend(f"{path.relative_to(ROOT)}: {p}" for p in found)
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("package", sorted(IMPORTED_ONLY_BY))
+def test_only_its_users_import(package: str) -> None:
+    importers = (package.replace("/", "."), *IMPORTED_ONLY_BY[package])
+    problems = []
+    for top in sorted(OUR_PACKAGES):
+        for path in _files(top):
+            current = module_name(path)
+            if any(_is_under(current, p) for p in importers):
+                continue
+            tree = ast.parse(path.read_text())
+            for line, module in imported_modules(tree, current, path.name == "__init__.py"):
+                if _is_under(module, package.replace("/", ".")):
+                    problems.append(f"{path.relative_to(ROOT)}: line {line}: imports {module}")
+    assert not problems, "\n".join(problems)
+
+
+def _imports_of(package: str) -> set[str]:
+    found: set[str] = set()
+    for path in _files(package):
+        tree = ast.parse(path.read_text())
+        found.update(m for _, m in imported_modules(tree, module_name(path),
+                                                     path.name == "__init__.py"))
+    return found
+
+
+def test_both_worlds_take_their_requests_from_workload() -> None:
+    """The simulator and the real-run driver build their streams with ``workload``."""
+    for package in ("sim", REAL_RUN_DRIVER):
+        assert _files(package), package
+        assert any(_is_under(m, "workload") for m in _imports_of(package)), package
+        assert not any(_is_under(m, "sim") for m in _imports_of(REAL_RUN_DRIVER))
 
 
 def test_engine_core_exists_and_is_checked() -> None:
@@ -297,3 +363,37 @@ def test_checker_rules_of_other_packages() -> None:
                                  kernels)
     assert import_violations("from engine.core.config import X", "kernels.a", kernels)
     assert import_violations("from .. import engine", "kernels.a", kernels)
+
+
+def test_checker_rules_of_workload_and_engine() -> None:
+    workload, engine, serve = (RULES[p] for p in ("workload", "engine", "engine/serve"))
+    assert not import_violations(
+        "import numpy as np\nfrom engine.core.errors import UserError\n"
+        "from engine.core.config import is_int\nfrom workload.traces import TRACES",
+        "workload.x", workload,
+    )
+    for source in ("import sim.config", "from engine.core.request import Request",
+                   "from engine.worker import executor", "from engine.serve import frontend",
+                   "import pandas", "import torch"):
+        assert import_violations(source, "workload.x", workload), source
+    assert not import_violations("from workload.build import build_workload", "sim.x",
+                                 RULES["sim"])
+    for module in ("engine.llm", "engine.serve.x", "engine.compiled"):
+        assert not import_violations("from workload.stream import Workload", module, engine)
+        for source in ("import sim", "from sim.config import SimConfig",
+                       "from experiments.cli import main", "from reports import tables",
+                       "import bench.simulator"):
+            assert import_violations(source, module, engine), (module, source)
+    assert not import_violations("from engine.llm import RealEngine", "engine.serve.x", serve)
+    assert import_violations("from sim.workload import Workload", "engine.serve.x", serve)
+
+
+def test_checker_rule_of_the_server_processes() -> None:
+    server = RULES["engine/entrypoints"]
+    assert not import_violations(
+        "import zmq, fastapi\nfrom engine.serve.frontend import Tokenizer\n"
+        "from engine.core.events import EventKind", "engine.entrypoints.x", server,
+    )
+    for source in ("import torch", "from sim import emulation", "from engine.worker import x",
+                   "from engine.llm import LLM", "from experiments.serve import engines"):
+        assert import_violations(source, "engine.entrypoints.x", server), source

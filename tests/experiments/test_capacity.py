@@ -7,11 +7,11 @@ import math
 
 import pytest
 
-from experiments.backends import InlineBackend
-from experiments.capacity import RateProbe, SearchSettings, find_capacity
-from experiments.plan import PlanSpec, run_plan
-from experiments.plan_report import plan_rows
-from experiments.sweep import ResultCache
+from experiments.plan.capacity import RateProbe, SearchSettings, find_capacity
+from experiments.plan.planner import PlanSpec, run_plan
+from experiments.plan.report import plan_rows
+from experiments.sweep.backends import InlineBackend
+from experiments.sweep.runner import ResultCache
 from tests.experiments.helpers import ConstantStepCostModel, analytic_base, analytic_capacity
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.expfile import (
+from experiments.sweep.expfile import (
     ExperimentError,
     expand_points,
     load_experiment,

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from experiments.backends import PoolBackend, RayBackend
-from experiments.expfile import expand_points
-from experiments.sweep import ResultCache, make_task, run_tasks
+from experiments.sweep.backends import PoolBackend, RayBackend
+from experiments.sweep.expfile import expand_points
+from experiments.sweep.runner import ResultCache, make_task, run_tasks
 from tests.experiments.test_sweep import _spec, _without_wall
 
 pytestmark = pytest.mark.ray

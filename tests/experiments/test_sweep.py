@@ -11,10 +11,10 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from experiments.backends import InlineBackend, PoolBackend
-from experiments.expfile import expand_points, parse_experiment
-from experiments.sweep import ResultCache, cache_key, make_task, normalized, run_tasks
-from experiments.sweep_report import run_experiment
+from experiments.sweep.backends import InlineBackend, PoolBackend
+from experiments.sweep.expfile import expand_points, parse_experiment
+from experiments.sweep.report import run_experiment
+from experiments.sweep.runner import ResultCache, cache_key, make_task, normalized, run_tasks
 from tests.experiments.helpers import TINY_WORKLOAD
 
 EXPERIMENT = f"""

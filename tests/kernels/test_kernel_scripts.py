@@ -20,11 +20,12 @@ def _run(args: list[str], env: dict[str, str], timeout_s: float) -> subprocess.C
 
 
 def test_gpu_benchmark_smoke_mode_prints_its_table(tmp_path: Path) -> None:
-    """Runs the script as the H200 would (a plain file, not an installed package) on the CPU."""
+    """Runs the script as the H200 would (a module of the checkout, not an installed package)
+    on the CPU."""
     env = dict(os.environ, TRITON_INTERPRET="1")
     out_json = tmp_path / "bench.json"
     result = _run(
-        ["experiments/gpu_bench_attention.py", "--smoke", "--out", str(out_json)], env, 300
+        ["-m", "bench.gpu_attention", "--smoke", "--out", str(out_json)], env, 300
     )
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.strip().splitlines()

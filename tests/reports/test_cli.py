@@ -12,9 +12,9 @@ from tests.reports.logs import known_log
 
 @pytest.fixture(autouse=True)
 def with_report_commands(monkeypatch):
-    if "experiments.cmd_reports" not in cli.COMMAND_MODULES:
+    if "experiments.cli.cmd_reports" not in cli.COMMAND_MODULES:
         monkeypatch.setattr(cli, "COMMAND_MODULES", (*cli.COMMAND_MODULES,
-                                                     "experiments.cmd_reports"))
+                                                     "experiments.cli.cmd_reports"))
 
 
 @pytest.fixture

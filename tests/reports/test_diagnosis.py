@@ -7,14 +7,14 @@ import functools
 
 import pytest
 
+from experiments.run_meta import simulated_run_meta
 from reports.diagnosis import VERDICTS, diagnose
-from reports.meta import sim_result_meta
 from reports.metrics import summarize
 from reports.tables import build_tables
 from sim.config import FrontendConfig, SimConfig
 from sim.runtime import run_simulation
-from sim.workload import WorkloadConfig
 from tests.reports.logs import reference_metrics, reference_outputs
+from workload.config import WorkloadConfig
 
 SCENARIOS: dict[str, SimConfig] = {
     # one API server, 20 ms per request, 80 req/s offered: the front end saturates
@@ -50,7 +50,7 @@ SCENARIOS: dict[str, SimConfig] = {
 @functools.cache
 def simulated(name: str):  # type: ignore[no-untyped-def]
     res = run_simulation(SCENARIOS[name])
-    return res, build_tables(res.event_log), sim_result_meta(res)
+    return res, build_tables(res.event_log), simulated_run_meta(res)
 
 
 @pytest.mark.parametrize("verdict", list(SCENARIOS))
@@ -79,7 +79,7 @@ def test_a_run_of_only_rejections_names_why() -> None:
                                 random_range_ratio=0.5),
     )
     res = run_simulation(cfg)
-    text = diagnose(build_tables(res.event_log), sim_result_meta(res)).text
+    text = diagnose(build_tables(res.event_log), simulated_run_meta(res)).text
     assert text.startswith("No request completed: 6 of 6 were rejected — 6 such as “prompt (")
     assert "exceeds max_model_len (50)”" in text
 

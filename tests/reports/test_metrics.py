@@ -178,7 +178,7 @@ def test_empty_run_summarizes_to_zeros():
 def test_peaks_of_a_run_spanning_more_seconds_than_an_array_could_hold() -> None:
     from sim.config import SimConfig
     from sim.runtime import run_simulation
-    from sim.workload import WorkloadConfig
+    from workload.config import WorkloadConfig
 
     cfg = SimConfig(workload=WorkloadConfig(num_prompts=3, request_rate=1e-12,
                                             random_input_len=64, random_output_len=5))

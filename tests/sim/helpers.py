@@ -8,11 +8,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine.core.config import EngineKnobs
 from engine.core.interfaces import StepTime
 from engine.core.outputs import BatchShape
-from sim.config import EngineKnobs, FrontendConfig, SimConfig
+from sim.config import FrontendConfig, SimConfig
 from sim.runtime import SimResult, SimRuntime
-from sim.workload import Workload
+from workload.stream import Workload
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,21 @@ class LinearCostModel:
         if shape.num_tokens == 0:
             return StepTime(0.0)
         return StepTime(self.per_step_s + self.per_token_s * shape.num_tokens)
+
+
+@dataclass(frozen=True)
+class HostLinearCostModel(LinearCostModel):
+    """``LinearCostModel`` whose steps also need ``host_s`` of host work before their first
+    kernel and ``launch_s`` of launching."""
+
+    host_s: float = 0.0
+    launch_s: float = 0.0
+
+    def step_time(self, shape: BatchShape) -> StepTime:
+        if shape.num_tokens == 0:
+            return StepTime(0.0)
+        return StepTime(self.per_step_s + self.per_token_s * shape.num_tokens,
+                        host_s=self.host_s, launch_s=self.launch_s)
 
 
 #: Round-number costs so event times can be computed by hand.

@@ -18,7 +18,7 @@ from sim.cluster import (
 )
 from sim.config import SimConfig
 from sim.runtime import run_simulation
-from sim.workload import WorkloadConfig
+from workload.config import WorkloadConfig
 
 REQ = Request("r", sampling_params=SamplingParams(), num_prompt_tokens=100)
 
@@ -102,11 +102,11 @@ def test_a_closed_loop_client_wakes_for_an_earlier_delivery_of_another_replica()
     bounded by that release, spun at one instant forever). Found by fuzzing; both paths."""
     import signal
 
+    from engine.core.config import EngineKnobs
     from engine.core.events import EventKind
-    from sim.config import EngineKnobs
     from sim.runtime import SimRuntime
-    from sim.workload import Workload
     from tests.sim.helpers import LinearCostModel
+    from workload.stream import Workload
 
     send = [0.00053, 0.0014, 0.006059, 0.006151, 0.008053, 0.013176, 0.013542, 0.013556,
             0.013894, 0.013932, 0.021259, 0.032923, 0.03735, 0.04363, 0.102211, 0.145508,

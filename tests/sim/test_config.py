@@ -7,11 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from engine.core.config import ConfigError
+from engine.core.config import ConfigError, EngineKnobs
 from engine.core.errors import UserError
 from experiments.cli import main
-from sim.config import EngineKnobs, SimConfig, kv_capacity, resolve_engine_config
-from sim.workload import WorkloadConfig
+from sim.config import SimConfig, kv_capacity, resolve_engine_config
+from sim.cost.cuda_graphs import CudaGraphConfig
+from sim.cost.host import HostCosts
+from workload.config import WorkloadConfig
 
 
 def test_default_is_vllm_online_serving_on_h100() -> None:
@@ -61,6 +63,14 @@ def test_dict_round_trip_and_unknown_keys() -> None:
                     workload=WorkloadConfig(request_rate=float("inf"), priority_mix=((0, 1.0),)))
     again = SimConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
     assert again == cfg
+    # the vLLM step model's knobs round-trip too (capture sizes come back as a tuple)
+    vllm_cfg = SimConfig(
+        cost_model="vllm", quantization="fp8", kv_cache_dtype="fp8_e4m3", dtype="bfloat16",
+        cuda_graphs=CudaGraphConfig(cudagraph_capture_sizes=(1, 8, 64),
+                                    max_cudagraph_capture_size=64),
+        host_costs=HostCosts(prepare_s=2e-4, kernel_launch_s=4e-6))
+    again = SimConfig.from_dict(json.loads(json.dumps(vllm_cfg.to_dict())))
+    assert again == vllm_cfg and again.cuda_graphs.cudagraph_capture_sizes == (1, 8, 64)
     with pytest.raises(ConfigError, match=r"unknown key\(s\) max_num_seq in \[engine\].*valid"):
         SimConfig.from_dict({"engine": {"max_num_seq": 1}})
     with pytest.raises(ConfigError, match=r"unknown key.*gpus.*valid top-level keys"):
@@ -175,7 +185,7 @@ def test_infinity_where_it_means_something() -> None:
 )
 def test_dataset_flags_imply_their_dataset(argv: list[str], dataset: str) -> None:
     from experiments.cli import build_parser
-    from experiments.simconfig_cli import config_dict_from_args
+    from experiments.simconfig import config_dict_from_args
 
     args = build_parser().parse_args(["simulate", *argv])
     cfg = SimConfig.from_dict(config_dict_from_args(args, {}))

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from sim.config import EngineKnobs
-from tests.sim.helpers import SIMPLE_FRONTEND, events, simulate, workload
+from engine.core.config import EngineKnobs
+from tests.sim.helpers import SIMPLE_FRONTEND, HostLinearCostModel, events, simulate, workload
 
 SYNC = EngineKnobs(async_scheduling=False)
 
@@ -150,3 +150,20 @@ def test_idle_wakeup_cost_defaults_to_zero_and_leaves_busy_loops_alone() -> None
     t0 = [e[2] for e in events(base) if e[1] == "TOKEN"]
     t1 = [e[2] for e in events(woken) if e[1] == "TOKEN"]
     assert [round(b - a, 9) for a, b in zip(t0, t1, strict=True)] == [0.004] * len(t0)
+
+
+def test_worker_host_time_precedes_the_kernels_and_async_scheduling_hides_it() -> None:
+    # The cost model says each step needs 3 ms of input preparation before its first kernel
+    # and 1 ms of launching (overlapping the kernels). Synchronous: every step pays the 3 ms
+    # (prefill 1.5 + 3 + 20 = 24.5, then 24.5 + 3 + 11 = 38.5, 52.5). Async: step N+1 is
+    # prepared and launched (by 5.5 + 3 + 1 = 9.5) while step N runs, so only the first pays it.
+    cost = HostLinearCostModel(host_s=0.003, launch_s=0.001)
+    tokens = {}
+    for is_async in (True, False):
+        for fast_path in (True, False):
+            r = simulate(workload([0.0], [10], [3]), engine=EngineKnobs(async_scheduling=is_async),
+                         cost_model=cost, fast_path=fast_path)
+            got = [round(e[2], 9) for e in events(r) if e[1] == "TOKEN"]
+            assert tokens.setdefault(is_async, got) == got
+    assert tokens[False] == [0.0245, 0.0385, 0.0525]
+    assert tokens[True] == [0.0245, 0.0355, 0.0465]

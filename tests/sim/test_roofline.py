@@ -74,5 +74,5 @@ def test_bad_tensor_parallel_size() -> None:
 def test_decode_step_total_is_bit_identical_to_step_time() -> None:
     m = RooflineCostModel(get_model("meta-llama/Llama-2-70b-hf"), get_gpu("a100-80gb"), 2)
     for n, ctx_sum in [(1, 0), (7, 12345), (128, 10**6)]:
-        assert m.decode_step_total(n, ctx_sum) == m.step_time(
+        assert m.decode_step_total(n, ctx_sum, ctx_sum) == m.step_time(
             BatchShape(n, n, (), (), n, ctx_sum, ctx_sum, n)).total_s

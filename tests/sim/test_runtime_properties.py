@@ -7,18 +7,20 @@ import dataclasses
 import gc
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import sim.runtime as runtime_module
+from engine.core.config import EngineKnobs
 from engine.core.engine_core import EngineCore
 from engine.core.events import EventKind
 from engine.core.scheduler import Scheduler
-from sim.config import EngineKnobs, SimConfig
-from sim.replica import EngineReplica
+from sim.config import SimConfig
+from sim.executor import SimExecutor
 from sim.runtime import SimResult, SimRuntime, run_simulation
-from sim.workload import WorkloadConfig
 from tests.sim.helpers import SIMPLE_FRONTEND, LinearCostModel, simulate, workload
+from workload.config import WorkloadConfig
 
 
 def _log_columns(res: SimResult) -> tuple:
@@ -175,7 +177,7 @@ def test_simulator_drives_the_core_scheduler_step_for_step() -> None:
                 outs[out.step_id] = out
         else:
             out = outs.pop(arg)
-            replay_core.finish_step(out, EngineReplica._sampled(out, 0.0), 0.0)
+            replay_core.finish_step(out, SimExecutor.sampled(out, 0.0), 0.0)
     assert not replay_core.has_work()
 
 
@@ -225,3 +227,23 @@ def test_run_keeps_the_callers_own_gc_settings() -> None:
     finally:
         gc.set_threshold(*thresholds)
         gc.unfreeze()
+
+
+@pytest.mark.parametrize("gpu,tp", [("h100-sxm", 1), ("h200-sxm", 4)])
+@pytest.mark.parametrize("is_async", [True, False])
+def test_fast_path_is_exact_under_the_default_vllm_step_cost_model(
+        gpu: str, tp: int, is_async: bool) -> None:
+    # the default cost model charges host time and pads decode batches to CUDA-graph sizes;
+    # the bulk fast path must still reproduce the step-by-step run bit for bit
+    base = SimConfig(
+        model="llama-3.1-70b" if tp > 1 else "llama-3.1-8b", gpu=gpu, tensor_parallel_size=tp,
+        engine=EngineKnobs(async_scheduling=is_async, max_num_seqs=48),
+        workload=WorkloadConfig(dataset_name="random", num_prompts=80, request_rate=30.0,
+                                random_input_len=300, random_output_len=120,
+                                random_range_ratio=0.8, seed=5),
+    )
+    assert base.resolved_cost_model == "vllm"
+    fast = run_simulation(base)
+    slow = run_simulation(dataclasses.replace(base, fast_path=False))
+    assert fast.stats.num_bulk_steps > 0
+    assert _log_columns(fast) == _log_columns(slow)

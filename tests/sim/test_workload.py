@@ -8,13 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sim.workload import (
-    WorkloadConfig,
-    WorkloadError,
-    build_workload,
-    load_trace,
-    synthetic_send_times,
-)
+from workload.arrivals import synthetic_send_times
+from workload.build import build_workload
+from workload.config import WorkloadConfig
+from workload.errors import WorkloadError
+from workload.traces import load_trace
 
 
 def test_poisson_arrivals_rescaled_to_end_at_n_over_rate() -> None:
@@ -186,3 +184,13 @@ def test_bad_mooncake_row(tmp_path: Path, line: str, match: str) -> None:
 def test_bad_workload_configs(kwargs: dict, match: str) -> None:
     with pytest.raises(WorkloadError, match=match):
         build_workload(WorkloadConfig(**kwargs))
+
+
+def test_admission_rule_refuses_what_cannot_fit_and_says_why() -> None:
+    from workload.admission import exceeds_max_model_len, reject_reason
+
+    assert not exceeds_max_model_len(30, 20, 50) and reject_reason(30, 20, 50) is None
+    assert exceeds_max_model_len(31, 20, 50)
+    assert reject_reason(31, 20, 50) == (
+        "prompt (31) + max_tokens (20) exceeds max_model_len (50)"
+    )

@@ -121,7 +121,7 @@ def test_decode_fast_path_is_bit_identical(n: int, ctx_sum: int, knee: int,
     scaled = [c * s for c, s in zip(coefs, (1, 1, 1e-9, 1e-9, 1e-9, 1e-9), strict=True)]
     model = FittedCostModel(GEOMETRY, dict(zip(FEATURE_NAMES, scaled, strict=True)), knee)
     decode = BatchShape(n, n, (), (), n, ctx_sum, ctx_sum // n, n)
-    assert model.decode_step_total(n, ctx_sum) == model.step_time(decode).total_s
+    assert model.decode_step_total(n, ctx_sum, ctx_sum // n) == model.step_time(decode).total_s
 
 
 def test_step_time_breakdown_adds_up_and_empty_steps_cost_nothing() -> None:
@@ -289,7 +289,7 @@ def test_profile_csv_from_the_profiler_reads_back(tmp_path: Path) -> None:
 def test_the_simulator_runs_with_a_fitted_model(tmp_path: Path) -> None:
     from sim.config import SimConfig
     from sim.runtime import make_cost_model, run_simulation
-    from sim.workload import WorkloadConfig
+    from workload.config import WorkloadConfig
 
     path = FittedCostModel(GEOMETRY, TRUE, 16).save(tmp_path / "m.fitted.json")
     cfg = SimConfig(cost_model=f"fitted:{path}", num_gpu_blocks=256, max_model_len=1024,
@@ -307,7 +307,7 @@ def test_after_idle_report_adds_the_fitted_wakeup_cost() -> None:
     import pandas as pd
 
     from engine.core.interfaces import StepTime
-    from experiments.validation_report import _wakeup_notes, after_idle_steps
+    from experiments.validation.report import _wakeup_notes, after_idle_steps
 
     # steps 0..3: step 2 starts 50 ms after step 1's outputs (idle), the others back to back;
     # the step model says 4 ms; the idle step measured 7 ms, the others 4 ms

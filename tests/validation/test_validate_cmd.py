@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from experiments.cmd_validate import main, register
-from experiments.validation_report import METRICS
+from experiments.cli.cmd_validate import main, register
+from experiments.validation.report import METRICS
 
 WORKLOAD = ["--num-prompts", "8", "--random-input-len", "24", "--random-output-len", "4",
             "--random-range-ratio", "0.5"]
@@ -107,16 +107,16 @@ def test_profile_refit_prints_the_fit(validated: Path, tmp_path: Path,
 
 def test_event_log_bundle_round_trip(tiny_model: Path, tmp_path: Path) -> None:
     from engine.llm import EngineArgs
-    from experiments import validate as v
+    from experiments.validation import runs
     from reports.tables import build_tables
-    from sim.workload import WorkloadConfig
+    from workload.config import WorkloadConfig
 
     engine = EngineArgs(model=str(tiny_model), device="cpu", kv_cache_memory=2 << 20).build()
     cfg = WorkloadConfig(num_prompts=5, request_rate=200.0, random_input_len=20,
                          random_output_len=3, seed=7)
-    run = v.serve_measured(engine, cfg)
-    assert len(v.shapes_from_rows(run.step_rows)) > 0
-    back = v.read_bundle(v.write_bundle(run, tmp_path / "measured_x.json"))
+    run = runs.serve_measured(engine, cfg)
+    assert len(runs.shapes_from_rows(run.step_rows)) > 0
+    back = runs.read_bundle(runs.write_bundle(run, tmp_path / "measured_x.json"))
     original, loaded = build_tables(run.log), build_tables(back.log)
     for name in ("requests", "steps", "token_runs"):
         a, b = getattr(original, name), getattr(loaded, name)
@@ -126,7 +126,7 @@ def test_event_log_bundle_round_trip(tiny_model: Path, tmp_path: Path) -> None:
 
 
 def test_gpu_script_smoke_mode(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from experiments.gpu_validate import main as gpu_main
+    from bench.gpu_validate import main as gpu_main
 
     assert gpu_main(["--smoke", "--out", str(tmp_path), "--num-prompts", "4",
                      "--loads", "0.2,0.8"]) == 0

@@ -1,4 +1,4 @@
-"""``experiments/gpu_real_smoke.py --smoke`` runs end to end on CPU (Triton interpreter)."""
+"""``python -m bench.gpu_real_smoke --smoke`` runs end to end on CPU (Triton interpreter)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.gpu_real_smoke import main
+from bench.gpu_real_smoke import main
 
 #: The Triton interpreter (3.6) trips a numpy deprecation warning on every launch.
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:triton")

@@ -175,9 +175,9 @@ def test_llama31_8b_config_and_rope_match_transformers() -> None:
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
+    from bench.gpu_real_smoke import LLAMA_31_8B
     from engine.worker.model_config import ModelConfig
     from engine.worker.rope import compute_inv_freq
-    from experiments.gpu_real_smoke import LLAMA_31_8B
 
     config = ModelConfig.from_hf_dict(LLAMA_31_8B)
     assert config.rope.rope_type == "llama3" and config.dtype == "bfloat16"

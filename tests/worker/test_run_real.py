@@ -43,3 +43,38 @@ def test_run_real_matches_the_simulated_run_directory(tiny: Path, tmp_path: Path
     assert real_summary["completed"] == 12 and real_summary["total_output_tokens"] == 12 * 8
     # the shared 16-token prefix was hit by later requests
     assert real_tables.requests.prefix_hit_tokens.sum() > 0
+
+
+def test_run_real_never_imports_the_simulator(tiny: Path, tmp_path: Path) -> None:
+    """The real world takes its workload from ``workload``: a measured run loads no ``sim``."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from experiments.cli import main; "
+        f"rc = main(['run-real', '--model', {str(tiny)!r}, '--kv-cache-memory', '2MiB', "
+        f"'--no-plots', '--out', {str(tmp_path / 'run')!r}, '--dataset-name', 'random', "
+        "'--num-prompts', '3', '--random-input-len', '16', '--random-output-len', '2']); "
+        "print(rc, sorted(m for m in sys.modules if m == 'sim' or m.startswith('sim.')))"
+    )
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip().splitlines()[-1] == "0 []"
+
+
+def test_a_measured_run_is_described_as_a_simulated_one_is(tiny: Path, tmp_path: Path) -> None:
+    """The same record: the run's span is stats.duration_s, the knobs are config.engine."""
+    import json
+
+    assert main(["run-real", "--model", str(tiny), "--kv-cache-memory", "2MiB", "--no-plots",
+                 "--out", str(tmp_path), "--dataset-name", "random", "--num-prompts", "4",
+                 "--random-input-len", "16", "--random-output-len", "2"]) == 0
+    meta = json.loads((tmp_path / "config.json").read_text())
+    assert meta["kind"] == "real" and "gpu" not in meta and meta["device"] == "cpu"
+    assert 0 < meta["stats"]["duration_s"] <= meta["stats"]["wall_time_s"]
+    assert "simulated_time_s" not in meta["stats"]
+    assert meta["config"]["engine"]["async_scheduling"] is False
+    assert "max_num_seqs" in meta["config"]["engine"]
+    assert "max_num_seqs" not in meta["config"]["engine_args"]
+    assert meta["config"]["workload"]["num_prompts"] == 4

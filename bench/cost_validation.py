@@ -1,0 +1,357 @@
+"""End-to-end validation of the default cost model against published vLLM measurements.
+
+    python -m bench.cost_validation [--cost-model vllm] [--compare roofline] [--rows CSV]
+                                    [--steps CSV] [--limit N] [--out CSV]
+
+Every row of ``bench/data/validation_set.csv`` (published end-to-end results with their
+sources and vLLM versions; bench/data/VALIDATION.md) whose deployment and workload the
+simulator can reproduce is simulated with the default configuration (vLLM 0.33 defaults,
+``--cost-model auto``) and compared with the published value; the table printed last gives
+the median and 90th-percentile |error| per source and metric. Rows that need a workload or a
+GPU the simulator does not have are listed separately, never guessed. Nothing here feeds back
+into a default: the set is for validation only.
+
+Workloads, fixed before looking at any error:
+
+* ``aic_silicon`` — closed loop at the row's concurrency ``c`` with fixed input/output lengths,
+  ``6·c`` requests, mean TTFT and mean TPOT (the source does not state its statistic), KV cache
+  in the model dtype (``auto``: the source does not state it). ``--start staggered`` (default)
+  measures the steady state the source reports: the first ``c`` requests are spread over one
+  request's latency (taken from a first, burst-started run), and the first ``2·c`` requests are
+  a warm-up left out of the means. ``--start burst`` sends the first ``c`` at once and averages
+  all requests, as ``vllm bench serve --max-concurrency c`` does: with fixed lengths the
+  requests then stay synchronised in waves (every wave's prompts queue behind each other),
+  which the published TTFTs (e.g. 72 ms at c = 112 with 1000-token prompts on one H200) rule
+  out;
+* ``vllm_ci_*`` latency — ``vllm bench latency``: 8 prompts of 32 tokens at once, 128 output
+  tokens each, the time until the last one is delivered; the offline ``LLM`` class's budgets
+  (16384 batched tokens on H100/H200, 8192 on A100).
+
+``--steps CSV`` compares measured per-step times (columns ``model, gpu, tp, quantization,
+kv_cache_dtype, step, measured_ms, source``; ``step`` in ``--explain-step`` syntax) with the
+cost model's step time — for sets of measured engine steps kept outside this repository.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import statistics
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DATA = Path(__file__).resolve().parent / "data" / "validation_set.csv"
+
+#: Published model names -> (catalog model, --quantization, max_model_len or None).
+MODELS: dict[str, tuple[str, str | None, int | None]] = {
+    "meta-llama/Llama-3.1-8B": ("llama-3.1-8b", None, None),
+    "meta-llama/Llama-3.1-8B-Instruct": ("llama-3.1-8b", None, None),
+    "nvidia/Llama-3.1-8B-Instruct-FP8": ("llama-3.1-8b", "fp8", None),
+    "meta-llama/Llama-3.1-70B": ("llama-3.1-70b", None, None),
+    "meta-llama/Meta-Llama-3-70B": ("llama-3.1-70b", None, 8192),  # Llama-3 70B: same shapes
+}
+#: Rows whose workload the simulator cannot reproduce from what the source publishes.
+NEEDS_WORKLOAD = {
+    "request_throughput": "ShareGPT sample of the CI run (prompts and output lengths)",
+    "token_throughput": "MLPerf llama3.1-8b (CNN/DailyMail) request lengths and arrivals",
+}
+
+
+@dataclass(frozen=True)
+class Row:
+    row_id: int
+    source: str
+    gpu: str
+    tp: int
+    model: str
+    weight_dtype: str
+    metric: str
+    statistic: str
+    value: float
+    unit: str
+    isl: int | None
+    osl: int | None
+    concurrency: int | None
+    workload: str
+
+    @staticmethod
+    def parse(r: dict[str, str]) -> Row:
+        def opt_int(text: str) -> int | None:
+            return int(float(text)) if text else None
+
+        return Row(int(r["row_id"]), r["source_id"], r["gpu"], int(r["tp"]), r["model"],
+                   r["weight_dtype"], r["metric"], r["statistic"], float(r["value"]), r["unit"],
+                   opt_int(r["isl"]), opt_int(r["osl"]), opt_int(r["concurrency"]),
+                   r["workload"])
+
+
+@dataclass(frozen=True)
+class Outcome:
+    row: Row
+    predicted: float | None  # None: not simulated
+    reason: str = ""  # why not
+
+    @property
+    def error(self) -> float:
+        assert self.predicted is not None
+        return self.predicted / self.row.value - 1.0
+
+
+def read_rows(path: Path = DATA) -> list[Row]:
+    with path.open(newline="") as f:
+        return [Row.parse(r) for r in csv.DictReader(f)]
+
+
+def why_not(row: Row) -> str:
+    """Why a row cannot be simulated ("" if it can)."""
+    from sim.hardware import GPUS
+
+    if row.gpu not in GPUS:
+        return f"GPU {row.gpu} not in the catalog"
+    base = row.model.split(" (")[0]
+    if base not in MODELS:
+        return f"model {row.model} not mapped"
+    if row.metric in NEEDS_WORKLOAD:
+        return "needs " + NEEDS_WORKLOAD[row.metric]
+    if row.source.startswith("inferencebench"):
+        return "needs the llm.inference.chatbot-short request lengths (not published)"
+    if row.metric not in ("ttft", "tpot", "batch_latency", "decode_rate_per_user"):
+        return f"metric {row.metric} not reproduced"
+    if row.source == "aic_silicon" and not (row.isl and row.osl and row.concurrency):
+        return "lengths or concurrency missing"
+    return ""
+
+
+def sim_config(row: Row, cost_model: str) -> Any:
+    """The SimConfig of a row's deployment and workload (module docstring)."""
+    from sim.config import EngineKnobs, SimConfig
+    from workload.config import WorkloadConfig
+
+    model, quant, max_len = MODELS[row.model.split(" (")[0]]
+    if row.weight_dtype == "fp8":
+        quant = "fp8"
+    dtype = "float16" if row.weight_dtype == "fp16" else "auto"
+    common: dict[str, Any] = dict(model=model, gpu=row.gpu, tensor_parallel_size=row.tp,
+                                  cost_model=cost_model, quantization=quant, dtype=dtype,
+                                  max_model_len=max_len)
+    if row.metric == "batch_latency":
+        tokens, seqs = (8192, 256) if row.gpu.startswith("a100") else (16384, 1024)
+        return SimConfig(
+            **common, engine=EngineKnobs(max_num_batched_tokens=tokens, max_num_seqs=seqs),
+            workload=WorkloadConfig(dataset_name="random", num_prompts=8,
+                                    request_rate=math.inf, random_input_len=row.isl or 32,
+                                    random_output_len=row.osl or 128, seed=0))
+    conc = row.concurrency or 1
+    return SimConfig(**common, workload=WorkloadConfig(
+        dataset_name="random", num_prompts=6 * conc, request_rate=math.inf,
+        max_concurrency=conc, random_input_len=row.isl or 1024,
+        random_output_len=row.osl or 128, seed=0))
+
+
+def metrics_of(result: Any, skip: int = 0) -> dict[str, float]:
+    """Mean TTFT, TPOT and end-to-end latency (ms) of the requests after the first ``skip``,
+    batch latency (ms: first arrival to last delivery) and single-user decode rate (tok/s)."""
+    from reports.tables import build_tables
+
+    req = build_tables(result.event_log).requests.sort_values("req_index")
+    ok = req["success"].to_numpy(dtype=bool).copy()
+    ok[:skip] = False
+    ttft = req["ttft_s"].to_numpy(dtype=float)[ok]
+    e2el = req["e2el_s"].to_numpy(dtype=float)[ok]
+    tpot = req["tpot_s"].to_numpy(dtype=float)[ok]
+    tpot = tpot[~(tpot != tpot)]
+    start = float(req["arrival_s"].to_numpy(dtype=float).min())
+    end = float(req["last_token_delivered_s"].to_numpy(dtype=float)[ok].max())
+    mean_tpot = float(tpot.mean()) if len(tpot) else math.nan
+    return {
+        "ttft": float(ttft.mean()) * 1e3,
+        "tpot": mean_tpot * 1e3,
+        "e2el": float(e2el.mean()) * 1e3,
+        "batch_latency": (end - start) * 1e3,
+        "decode_rate_per_user": 1.0 / mean_tpot,
+    }
+
+
+def run_rows(rows: Iterable[Row], cost_model: str, start: str = "staggered") -> list[Outcome]:
+    from sim.runtime import run_simulation
+
+    cache: dict[Any, dict[str, float]] = {}
+    out = []
+    for row in rows:
+        reason = why_not(row)
+        if reason:
+            out.append(Outcome(row, None, reason))
+            continue
+        cfg = sim_config(row, cost_model)
+        key = repr(cfg.to_dict())
+        if key not in cache:
+            if row.source == "aic_silicon" and start == "staggered":
+                cache[key] = steady_state_metrics(cfg)
+            else:
+                cache[key] = metrics_of(run_simulation(cfg))
+        out.append(Outcome(row, cache[key][row.metric]))
+    return out
+
+
+def steady_state_metrics(cfg: Any) -> dict[str, float]:
+    """Closed-loop metrics after a staggered start and a warm-up (module docstring)."""
+    import dataclasses
+
+    import numpy as np
+
+    from sim.runtime import SimRuntime
+    from workload.build import build_workload
+
+    conc = cfg.workload.max_concurrency
+    work = build_workload(cfg.workload)
+    burst = metrics_of(SimRuntime(cfg, workload=work).run())
+    latency_s = burst["e2el"] / 1e3
+    send = np.zeros(len(work))
+    send[:conc] = np.arange(conc) * (latency_s / conc)
+    staggered = dataclasses.replace(work, send_time_s=send)
+    return metrics_of(SimRuntime(cfg, workload=staggered).run(), skip=2 * conc)
+
+
+# -- per-step rows -------------------------------------------------------------------------------
+def run_steps(path: Path, cost_model: str) -> list[tuple[dict[str, str], float]]:
+    """(row, predicted ms) of every measured step in ``path``."""
+    from sim.config import SimConfig
+    from sim.cost.explain import parse_step
+    from sim.runtime import make_cost_model
+
+    out = []
+    with path.open(newline="") as f:
+        for r in csv.DictReader(f):
+            cfg = SimConfig(model=r["model"], gpu=r["gpu"], tensor_parallel_size=int(r["tp"]),
+                            cost_model=cost_model, quantization=r.get("quantization") or None,
+                            kv_cache_dtype=r.get("kv_cache_dtype") or "auto")
+            shape = parse_step(r["step"])
+            out.append((r, make_cost_model(cfg).step_time(shape).total_s * 1e3))
+    return out
+
+
+# -- tables --------------------------------------------------------------------------------------
+def _pct(x: float) -> str:
+    return f"{x * 100:+.1f}%" if x == x else "—"
+
+
+def summary(outcomes: list[Outcome]) -> list[tuple[str, str, int, float, float, float]]:
+    """(source, metric, rows, median |err|, p90 |err|, median signed err)."""
+    groups: dict[tuple[str, str], list[float]] = {}
+    for o in outcomes:
+        if o.predicted is not None and o.predicted == o.predicted:
+            groups.setdefault((o.row.source, o.row.metric), []).append(o.error)
+    out = []
+    for (src, metric), errs in sorted(groups.items()):
+        abs_errs = sorted(abs(e) for e in errs)
+        out.append((src, metric, len(errs), statistics.median(abs_errs),
+                    _quantile(abs_errs, 0.9), statistics.median(errs)))
+    return out
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    """Linear-interpolated quantile (numpy's default) of sorted values."""
+    pos = (len(sorted_values) - 1) * q
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def print_tables(results: dict[str, list[Outcome]], steps: dict[str, list[tuple[dict[str, str],
+                 float]]]) -> None:
+    names = list(results)
+    first = results[names[0]]
+    print("## Rows not simulated\n")
+    reasons: dict[str, list[int]] = {}
+    for o in first:
+        if o.predicted is None:
+            reasons.setdefault(f"{o.row.source}: {o.reason}", []).append(o.row.row_id)
+    for reason, ids in sorted(reasons.items()):
+        print(f"- {reason} ({len(ids)} rows)")
+    print("\n## Per row (first 40 simulated)\n")
+    print("| row | source | deployment | workload | metric | published | "
+          + " | ".join(names) + " |")
+    print("|---|---|---|---|---|---|" + "---|" * len(names))
+    shown = 0
+    for i, o in enumerate(first):
+        if o.predicted is None or shown >= 40:
+            continue
+        shown += 1
+        r = o.row
+        dep = f"{r.model.split('/')[-1]} {r.weight_dtype} {r.gpu} TP{r.tp}"
+        work = f"{r.isl}/{r.osl} c={r.concurrency}"
+        cells = []
+        for name in names:
+            p = results[name][i]
+            cells.append(f"{p.predicted:.4g} ({_pct(p.error)})" if p.predicted is not None
+                         else "—")
+        print(f"| {r.row_id} | {r.source} | {dep} | {work} | {r.metric} | {r.value:g} {r.unit}"
+              f" | " + " | ".join(cells) + " |")
+    if steps:
+        print("\n## Measured steps\n")
+        print("| source | model | GPU | TP | step | measured ms | " + " | ".join(steps) + " |")
+        print("|---|---|---|---|---|---|" + "---|" * len(steps))
+        first_steps = steps[next(iter(steps))]
+        for j, (r, _) in enumerate(first_steps):
+            meas = float(r["measured_ms"])
+            cells = [f"{steps[n][j][1]:.3f} ({_pct(steps[n][j][1] / meas - 1)})" for n in steps]
+            print(f"| {r.get('source', '')} | {r['model']} | {r['gpu']} | {r['tp']} | "
+                  f"{r['step']} | {meas:g} | " + " | ".join(cells) + " |")
+        for name, got in steps.items():
+            errs = sorted(abs(p / float(r["measured_ms"]) - 1) for r, p in got)
+            print(f"\n{name}: {len(errs)} steps, median |error| "
+                  f"{statistics.median(errs) * 100:.1f}%, p90 {_quantile(errs, 0.9) * 100:.1f}%")
+    print("\n## Error table (|predicted / published − 1|)\n")
+    print("| source | metric | rows | " + " | ".join(
+        f"{n} median | {n} p90 | {n} median signed" for n in names) + " |")
+    print("|---|---|---|" + "---|---|---|" * len(names))
+    per_model = {n: {(s, m): (k, a, b, c) for s, m, k, a, b, c in summary(results[n])}
+                 for n in names}
+    for key in sorted(per_model[names[0]]):
+        k = per_model[names[0]][key][0]
+        cells = []
+        for n in names:
+            _, a, b, c = per_model[n].get(key, (0, math.nan, math.nan, math.nan))
+            cells.append(f"{a * 100:.1f}% | {b * 100:.1f}% | {_pct(c)}")
+        print(f"| {key[0]} | {key[1]} | {k} | " + " | ".join(cells) + " |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--cost-model", default="auto", help="the model validated (default: auto)")
+    ap.add_argument("--compare", nargs="*", default=["roofline"],
+                    help="other cost models to show beside it (default: roofline)")
+    ap.add_argument("--rows", type=Path, default=DATA, help="validation set CSV")
+    ap.add_argument("--steps", type=Path, help="measured per-step times CSV (module docstring)")
+    ap.add_argument("--limit", type=int, help="simulate only the first N rows (smoke runs)")
+    ap.add_argument("--start", choices=["staggered", "burst"], default="staggered",
+                    help="how closed-loop rows start (module docstring; default staggered)")
+    ap.add_argument("--out", type=Path, help="write every row's prediction to this CSV")
+    args = ap.parse_args(argv)
+    rows = read_rows(args.rows)[: args.limit]
+    t0 = time.perf_counter()
+    results: dict[str, list[Outcome]] = {}
+    steps: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for name in [args.cost_model, *args.compare]:
+        results[name] = run_rows(rows, name, args.start)
+        if args.steps is not None:
+            steps[name] = run_steps(args.steps, name)
+    if args.out is not None:
+        with args.out.open("w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["row_id", "source", "metric", "published", *results])
+            for i, o in enumerate(results[args.cost_model]):
+                w.writerow([o.row.row_id, o.row.source, o.row.metric, o.row.value,
+                            *(results[n][i].predicted for n in results)])
+    print_tables(results, steps)
+    print(f"\n({len(rows)} rows, {time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

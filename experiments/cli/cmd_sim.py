@@ -1,0 +1,107 @@
+"""``twinserve simulate``: one simulated run, ending in a report (an embedded default without
+arguments: Llama-3.1-8B on one H100 with vLLM 0.33.0's online defaults, serving the first 1000
+requests of the Azure 2023 conversation trace)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from experiments.cli.flags import add_report_flags, add_sim_flags, default_out_dir
+from experiments.simconfig import config_dict_from_args, load_experiment_file
+
+
+def _list_catalogs(args: argparse.Namespace) -> bool:
+    if args.list_models:
+        from sim.models import MODELS
+
+        print(f"{'model':<34} {'layers':>6} {'hidden':>6} {'heads':>5} {'kv':>3} {'params':>8}")
+        for m in MODELS.values():
+            print(f"{m.name:<34} {m.num_layers:>6} {m.hidden_size:>6} {m.num_heads:>5} "
+                  f"{m.num_kv_heads:>3} {m.total_params / 1e9:>7.1f}B")
+        return True
+    if args.list_gpus:
+        from sim.hardware import GPUS
+
+        print(f"{'gpu':<10} {'bf16 TFLOP/s':>12} {'HBM GB':>7} {'TB/s':>5} {'NVLink GB/s':>11}")
+        for g in GPUS.values():
+            print(f"{g.name:<10} {g.bf16_tflops:>12.0f} {g.memory_gb:>7.0f} "
+                  f"{g.memory_bw_tbps:>5.2f} {g.nvlink_gbps:>11.0f}")
+        return True
+    return False
+
+
+def _explain_step(cfg: Any, spec: str) -> int:
+    """Print one step's cost by term (``sim/cost/explain.py``) and exit."""
+    from sim.config import resolve_engine_config
+    from sim.cost.explain import format_explanation, parse_step
+    from sim.runtime import make_cost_model
+
+    shape = parse_step(spec)
+    engine = resolve_engine_config(cfg)
+    model = make_cost_model(cfg, engine)
+    weights = "fp8" if cfg.fp8_weights else "bf16"
+    kv = "fp8" if cfg.fp8_kv_cache else "bf16"
+    title = (f"step cost ({cfg.resolved_cost_model} cost model) — {cfg.model_spec.name}, "
+             f"{cfg.tensor_parallel_size} × {cfg.gpu} (TP {cfg.tensor_parallel_size}), "
+             f"{weights} weights, {kv} KV")
+    print(format_explanation(model, shape, title))
+    return 0
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    if _list_catalogs(args):
+        return 0
+    from sim.config import SimConfig
+    from sim.runtime import run_simulation
+
+    base = load_experiment_file(args.config) if args.config else {}
+    cfg = SimConfig.from_dict(config_dict_from_args(args, base))
+    if args.explain_step:
+        return _explain_step(cfg, args.explain_step)
+    from experiments.cli.reporting import (
+        FinishedRun,
+        prepare_out_dir,
+        report_options,
+        start_report_process,
+        write_run,
+    )
+
+    options = report_options(args)  # parsed now: a bad flag fails before the run
+    out_dir = prepare_out_dir(Path(args.out) if args.out else default_out_dir())
+    progress = args.progress if args.progress is not None else sys.stderr.isatty()
+    reporter = start_report_process()  # imports the report stack while the simulation runs
+    try:
+        result = run_simulation(cfg, progress=progress)
+    except BaseException:
+        if reporter is not None:
+            reporter.close()
+        raise
+    from experiments.run_meta import simulated_run_meta
+
+    run = FinishedRun(simulated_run_meta(result), result.event_log)
+    del result  # the log is all the report needs: free the rest before rendering it
+    write_run(run, out_dir, args, options, reporter)
+    return 0
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "simulate",
+        help="simulate serving a workload; prints the Serving Benchmark Result, writes a report",
+        description=__doc__,
+    )
+    p.add_argument("--config", help="TOML/JSON experiment file (flags override it)")
+    p.add_argument("--list-models", action="store_true", help="show the model catalog")
+    p.add_argument("--list-gpus", action="store_true", help="show the GPU catalog")
+    p.add_argument("--explain-step", metavar="SPEC",
+                   help="print one step's cost by term and exit; SPEC: comma-separated "
+                   "decode:NxC (N decodes at context C), prefill:Q, prefill:KxQ@C "
+                   "(K chunks of Q tokens after C cached), e.g. prefill:512@3584,decode:63x1024")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bar on stderr (default: when stderr is a terminal)")
+    add_sim_flags(p)
+    add_report_flags(p)
+    p.set_defaults(func=_simulate)

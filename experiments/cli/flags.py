@@ -1,0 +1,173 @@
+"""The command-line flags several ``twinserve`` commands share, in one public module.
+
+* ``add_sim_flags`` / ``add_workload_flags`` — vLLM's engine flags and ``vllm bench serve``'s
+  workload flags for a simulation (``simulate``, ``plan``); the workload group alone for the
+  real engine (``run-real``, ``validate``). Each flag's destination is a key of
+  ``experiments.simconfig.FLAG_FIELDS``, which maps it to its config field.
+* ``add_engine_flags`` / ``engine_args_from_flags`` — the real engine's flags and the
+  ``engine.llm.EngineArgs`` they give (``generate``, ``run-real``, ``profile``, ``validate``).
+* ``add_report_flags`` / ``default_out_dir`` — where a run is written and what its summary
+  reports (``simulate``, ``run-real``).
+
+Every flag defaults to None (not given) unless stated, so a flag overrides a config file only
+when the user gives it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.llm import EngineArgs
+
+
+def add_sim_flags(p: argparse.ArgumentParser) -> None:
+    """Engine, model/hardware and workload flags (all default to None = not given)."""
+    bool_flag = argparse.BooleanOptionalAction
+    g = p.add_argument_group("model and hardware")
+    g.add_argument("--model", help="catalog model (Hugging Face id, e.g. meta-llama/Llama-3.1-8B)")
+    g.add_argument("--gpu", help="catalog GPU: h100-sxm, h200-sxm, a100-80gb")
+    g.add_argument("--tensor-parallel-size", "-tp", type=int)
+    g.add_argument("--data-parallel-size", "-dp", type=int, help="engine replicas")
+    g.add_argument("--router", help="replica router: vllm (default), round_robin, "
+                   "least_outstanding, least_kv, prefix_aware")
+    g.add_argument("--router-load-cap", type=int,
+                   help="prefix_aware: extra in-flight requests tolerated for a better hit")
+    g.add_argument("--gpu-memory-utilization", type=float)
+    g.add_argument("--num-gpu-blocks-override", type=int, help="KV blocks incl. the null block")
+    g.add_argument("--max-model-len", type=int)
+    g.add_argument("--cost-model", help="auto (default: vllm where the GPU has measured kernel "
+                   "tables, else roofline), vllm, roofline or fitted:PATH")
+    g.add_argument("--dtype", help="model dtype: auto (default), bfloat16, float16")
+    g.add_argument("--quantization", help="fp8: fp8 weights, W8A8 GEMMs (GPUs with fp8 only)")
+    g.add_argument("--kv-cache-dtype", help="auto (default: the model dtype) or fp8 "
+                   "(fp8_e4m3, fp8_e5m2): half the KV bytes")
+    g = p.add_argument_group("engine (vLLM's names and defaults)")
+    g.add_argument("--max-num-batched-tokens", type=int, help="token budget per step")
+    g.add_argument("--max-num-seqs", type=int)
+    g.add_argument("--enable-chunked-prefill", action=bool_flag, default=None)
+    g.add_argument("--long-prefill-token-threshold", type=int)
+    g.add_argument("--scheduling-policy", choices=["fcfs", "priority"])
+    g.add_argument("--scheduler-reserve-full-isl", action=bool_flag, default=None)
+    g.add_argument("--async-scheduling", action=bool_flag, default=None)
+    g.add_argument("--block-size", type=int)
+    g.add_argument("--enable-prefix-caching", action=bool_flag, default=None)
+    g.add_argument("--enforce-eager", action=bool_flag, default=None,
+                   help="no CUDA graphs: every kernel launched from the host")
+    g.add_argument("--max-cudagraph-capture-size", type=int,
+                   help="largest captured batch (default: vLLM's, 512; 1024 on Blackwell)")
+    g.add_argument("--cudagraph-capture-sizes", type=int, nargs="+", metavar="N",
+                   help="the token counts to capture CUDA graphs at (default: vLLM's list)")
+    g.add_argument("--api-server-count", type=int, help="front-end processes")
+    g.add_argument("--fast-path", action=bool_flag, default=None,
+                   help="bulk-apply identical decode steps (exact; default on)")
+    add_workload_flags(p)
+
+
+def add_workload_flags(p: argparse.ArgumentParser) -> None:
+    """vllm bench serve's workload flags (default None = not given)."""
+    g = p.add_argument_group("workload (vllm bench serve's names)")
+    g.add_argument(
+        "--dataset-name", choices=["random", "prefix_repetition", "trace"],
+        help="default: trace azure-conv, unless --dataset-path (trace), --random-* (random) or "
+        "--prefix-repetition-* (prefix_repetition) flags imply another",
+    )
+    g.add_argument("--dataset-path", help="trace file, or azure-conv, azure-code, "
+                   "mooncake-conversation, mooncake-synthetic")
+    g.add_argument("--num-prompts", type=int)
+    g.add_argument("--request-rate", type=float, help="requests/s (inf = all at once)")
+    g.add_argument("--burstiness", type=float)
+    g.add_argument("--max-concurrency", type=int)
+    g.add_argument("--random-input-len", type=int)
+    g.add_argument("--random-output-len", type=int)
+    g.add_argument("--random-range-ratio", type=float)
+    g.add_argument("--random-prefix-len", type=int)
+    g.add_argument("--prefix-repetition-prefix-len", type=int)
+    g.add_argument("--prefix-repetition-suffix-len", type=int)
+    g.add_argument("--prefix-repetition-num-prefixes", type=int)
+    g.add_argument("--prefix-repetition-output-len", type=int)
+    g.add_argument("--trace-time-scale", type=float, help="replay a trace this many times faster")
+    g.add_argument("--seed", type=int)
+
+
+def byte_size(text: str) -> int:
+    """A byte count as a flag gives it: ``1073741824``, ``512MiB``, ``4GiB``, ``1.5GB`` → bytes."""
+    units = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 10**3, "mb": 10**6,
+             "gb": 10**9, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "b": 1, "": 1}
+    raw = text.strip().lower()
+    number = raw.rstrip("kmgib")
+    try:
+        value = float(number) * units[raw[len(number):]]
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(
+            f"expected a size in bytes such as 268435456, 256MiB or 4GiB, got {text!r}"
+        ) from None
+    return int(value)
+
+
+def add_engine_flags(p: argparse.ArgumentParser) -> None:
+    """The real engine's flags (the fields of ``engine.llm.EngineArgs``; ``--model`` required)."""
+    g = p.add_argument_group("engine")
+    g.add_argument("--model", required=True, help="local checkpoint directory (HF format)")
+    g.add_argument("--dtype", default="auto", help="auto (config.json), float32, float16, bfloat16")
+    g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    g.add_argument("--max-model-len", type=int, help="default: max_position_embeddings")
+    g.add_argument("--max-num-batched-tokens", type=int, help="token budget per step (2048)")
+    g.add_argument("--max-num-seqs", type=int, help="most running requests (128)")
+    g.add_argument("--block-size", type=int, default=16, help="tokens per KV block (16)")
+    g.add_argument("--num-gpu-blocks", type=int, help="exact KV block count (overrides sizing)")
+    g.add_argument("--kv-cache-memory", type=byte_size,
+                   help="KV cache bytes (CPU default 1GiB; CUDA default: profiled)")
+    g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    g.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
+    g.add_argument("--no-chunked-prefill", action="store_true", help="disable chunked prefill")
+    g.add_argument("--async-scheduling", action="store_true", help="two batches in flight")
+    g.add_argument("--attention-backend", choices=["triton", "reference"])
+    g.add_argument("--load-format", choices=["safetensors", "dummy"], default="safetensors")
+    g.add_argument("--engine-seed", type=int, default=0, help="seed of unseeded sampling")
+
+
+def engine_args_from_flags(args: argparse.Namespace) -> EngineArgs:
+    """The real engine ``add_engine_flags``' flags describe (torch is imported only now)."""
+    from engine.llm import REAL_ENGINE_KNOBS, EngineArgs
+
+    knobs = dataclasses.replace(
+        REAL_ENGINE_KNOBS,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
+        enable_chunked_prefill=not args.no_chunked_prefill,
+        async_scheduling=args.async_scheduling,
+        block_size=args.block_size,
+        enable_prefix_caching=not args.no_prefix_caching,
+    )
+    return EngineArgs(
+        model=args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
+        num_gpu_blocks=args.num_gpu_blocks, kv_cache_memory=args.kv_cache_memory,
+        gpu_memory_utilization=args.gpu_memory_utilization, load_format=args.load_format,
+        attention_backend=args.attention_backend, seed=args.engine_seed, engine=knobs,
+    )
+
+
+def add_report_flags(p: argparse.ArgumentParser, run_kind: str = "simulate") -> None:
+    """The run-directory and summary flags of a command that runs (``simulate``, ``run-real``)."""
+    g = p.add_argument_group("results")
+    g.add_argument("--out", help=f"run directory (default runs/{run_kind}-<timestamp>)")
+    g.add_argument("--no-plots", action="store_true", help="skip plot rendering")
+    g.add_argument("--goodput", nargs="+", metavar="KEY:MS",
+                   help="SLOs for goodput, e.g. ttft:500 tpot:50 e2el:10000 (ms)")
+    g.add_argument("--metric-percentiles", default="99",
+                   help="comma-separated percentiles to report (vllm bench's default: 99)")
+    g.add_argument("--percentile-metrics", default="ttft,tpot,itl",
+                   help="metrics to report percentiles for (ttft,tpot,itl,e2el)")
+    g.add_argument("--format", choices=["parquet", "csv"], default="parquet",
+                   help="table format in the run directory")
+
+
+def default_out_dir(prefix: str = "simulate") -> Path:
+    """``runs/<prefix>-<timestamp>``: where a run goes without ``--out``."""
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{prefix}-{stamp}"

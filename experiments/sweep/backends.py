@@ -1,0 +1,145 @@
+"""Where sweep tasks run: in this process, in a local process pool, or on a Ray cluster.
+
+A backend has one job — ``submit(task) -> Future`` of ``run_task(task)`` — so the sweep driver
+and the capacity search treat all three alike (``concurrent.futures.as_completed`` /
+``Future.result``). No home-made distribution: the pool is ``ProcessPoolExecutor``; Ray tasks
+are ``ray.remote`` functions whose ``ObjectRef.future()`` is a ``concurrent.futures.Future``.
+
+Tasks are plain picklable dicts (``sweep.make_task``); ``run_task`` is a module-level function,
+so pool and Ray workers import it by name (Ray cluster nodes need twinserve installed).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Callable, Mapping
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from typing import Any, Protocol
+
+from engine.core.errors import UserError
+
+BACKENDS: tuple[str, ...] = ("process", "ray")
+
+
+def run_task(task: Mapping[str, Any]) -> dict[str, Any]:
+    """Run one sweep task (``{"config", "report", "run_dir"?}``) → its record.
+
+    Bad input inside the run (a ``UserError``) becomes a record with an ``error`` field rather
+    than an exception, so one bad point does not lose the others.
+    """
+    from experiments.sweep.records import simulate_record
+
+    try:
+        return simulate_record(task["config"], task["report"], run_dir=task.get("run_dir"))
+    except UserError as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+class Backend(Protocol):
+    """Runs tasks somewhere; ``workers`` is how many may run at once."""
+
+    workers: int
+
+    def submit(self, task: Mapping[str, Any]) -> Future[dict[str, Any]]: ...
+
+    def close(self) -> None: ...
+
+
+class InlineBackend:
+    """Runs each task at submission, in this process (``--jobs 1``; tests; custom cost models).
+
+    ``fn`` replaces ``run_task`` (it need not be picklable here)."""
+
+    workers = 1
+
+    def __init__(self, fn: Callable[[Mapping[str, Any]], dict[str, Any]] = run_task) -> None:
+        self._fn = fn
+
+    def submit(self, task: Mapping[str, Any]) -> Future[dict[str, Any]]:
+        future: Future[dict[str, Any]] = Future()
+        try:
+            future.set_result(self._fn(task))
+        except BaseException as exc:  # delivered through the future, as a pool would
+            future.set_exception(exc)
+        return future
+
+    def close(self) -> None:
+        pass
+
+
+class PoolBackend:
+    """A local ``ProcessPoolExecutor`` of ``jobs`` processes."""
+
+    def __init__(self, jobs: int) -> None:
+        if jobs < 1:
+            raise UserError(f"--jobs must be >= 1, got {jobs}")
+        self.workers = jobs
+        # fork starts workers with the simulator already imported; spawn elsewhere
+        method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+        self._pool: Executor = ProcessPoolExecutor(
+            max_workers=jobs, mp_context=multiprocessing.get_context(method)
+        )
+
+    def submit(self, task: Mapping[str, Any]) -> Future[dict[str, Any]]:
+        return self._pool.submit(run_task, dict(task))
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+class RayBackend:
+    """Tasks as Ray remote functions: a local Ray started here, or ``address`` joined.
+
+    A Ray this backend started is shut down by ``close``; one already initialised in the
+    process (or a joined cluster) is left running."""
+
+    def __init__(self, address: str | None = None, num_cpus: int | None = None) -> None:
+        try:
+            import ray
+        except ImportError:
+            raise UserError(
+                "--backend ray needs Ray: pip install 'twinserve[ray]' (ray==2.60.0)"
+            ) from None
+        self._ray = ray
+        self._owned = False
+        if not ray.is_initialized():
+            kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
+            if address:
+                kwargs["address"] = address
+            elif num_cpus:
+                kwargs["num_cpus"] = num_cpus
+            ray.init(**kwargs)
+            self._owned = address is None
+        self.workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        self._remote = ray.remote(num_cpus=1)(run_task)
+
+    def submit(self, task: Mapping[str, Any]) -> Future[dict[str, Any]]:
+        ref = self._remote.remote(dict(task))
+        future: Future[dict[str, Any]] = ref.future()
+        return future
+
+    def close(self) -> None:
+        if self._owned:
+            self._ray.shutdown()
+
+
+#: Most parallel workers a sweep or plan may ask for (each is a process or a Ray task slot).
+MAX_JOBS = 1024
+
+
+def check_jobs(jobs: int | None) -> None:
+    """Refuse a worker count no machine could start (checked before any work)."""
+    if jobs is not None and jobs > MAX_JOBS:
+        raise UserError(f"--jobs must be <= {MAX_JOBS}, got {jobs}")
+
+
+def make_backend(name: str, jobs: int | None, ray_address: str | None = None) -> Backend:
+    """``process`` with ``jobs`` workers (1 = inline, None = all CPUs) or ``ray``."""
+    check_jobs(jobs)
+    if name == "process":
+        n = jobs if jobs is not None else (os.cpu_count() or 1)
+        return InlineBackend() if n == 1 else PoolBackend(n)
+    if name == "ray":
+        return RayBackend(ray_address, num_cpus=jobs)
+    raise UserError(f"unknown backend {name!r}; valid: {', '.join(BACKENDS)}")

@@ -1,0 +1,154 @@
+"""Write a run directory from a second process that prepares while the run itself goes on.
+
+The report stack (pandas, pyarrow, ``reports``) takes ≈ 0.4 s to import, about as long as the
+whole simulation of a small run. ``ReportProcess.start()``, called before a run, forks a process
+that imports it meanwhile on another core and then waits; after the run, ``write`` sends it the
+event log (``EventLog.export()``: plain arrays), and it builds the tables and writes the run
+directory exactly as ``reports.run_dir.write_run_dir_from_tables`` does in-process (it is that
+function), returning the summary and its printed form.
+
+It is an optimisation only, so it steps aside whenever it would not help or might not work:
+``start`` returns None where ``fork`` is unavailable, when the report stack is already imported
+(a test session, a sweep), or with ``TWINSERVE_REPORT_PROCESS=0``; ``write`` returns None —
+the caller then writes in-process — for logs too large to copy cheaply, or if the process
+died or failed for any reason other than a report error (which it raises as the in-process
+path would: ``ReportError``).
+
+Starting it imports nothing of the report stack here: the process imports it, so a run that
+forks it early keeps its own start light.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import sys
+import traceback
+from collections.abc import Mapping
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from engine.core.events import EventLog
+from reports.errors import ReportError
+
+if TYPE_CHECKING:
+    from reports.meta import RunMeta
+    from reports.options import SummaryOptions
+
+#: Logs with more steps than this are written in-process (copying one to the report process
+#: would briefly double the memory a long run holds).
+MAX_STEPS_SENT = 500_000
+
+
+class ReportProcess:
+    """A forked process holding the report stack, waiting for one run's event log."""
+
+    def __init__(self, process: multiprocessing.process.BaseProcess, conn: Connection) -> None:
+        self._process = process
+        self._conn = conn
+        self._sent = False  # did it get a log to write?
+
+    @classmethod
+    def start(cls) -> ReportProcess | None:
+        """Fork the report process, or None where it would not help (see the module)."""
+        if os.environ.get("TWINSERVE_REPORT_PROCESS", "1") == "0" or "pandas" in sys.modules:
+            return None
+        if "fork" not in multiprocessing.get_all_start_methods():
+            return None
+        ctx = multiprocessing.get_context("fork")
+        ours, theirs = ctx.Pipe()
+        try:
+            process = ctx.Process(target=_serve, args=(theirs, ours), daemon=True)
+            process.start()
+        except OSError:
+            return None
+        theirs.close()
+        return cls(process, ours)
+
+    def write(
+        self,
+        log: EventLog,
+        meta: RunMeta | Mapping[str, Any],
+        out_dir: Path,
+        options: SummaryOptions,
+        plots: bool,
+        file_format: str,
+    ) -> tuple[dict[str, Any], str] | None:
+        """Have the process write ``out_dir``; returns (summary, printed summary), or None if
+        the caller should write it in-process instead. A report error is raised as
+        ``ReportError``."""
+        try:
+            if log.num_steps > MAX_STEPS_SENT:
+                return None
+            self._conn.send((log.export(), meta, str(out_dir), options, plots, file_format))
+            self._sent = True
+            status, value = self._conn.recv()
+        except (EOFError, OSError):
+            return None
+        finally:
+            self.close()
+        if status == "report-error":
+            raise ReportError(value)
+        if status != "ok":
+            return None  # it failed: the in-process path shows the same failure, in full
+        summary, text = value
+        return summary, text
+
+    def close(self) -> None:
+        """Stop the process: it exits when the connection closes after its reply; one that
+        got nothing to write (the run failed or was interrupted) is terminated at once."""
+        try:
+            self._conn.close()
+        finally:
+            if not self._sent:
+                self._process.terminate()
+            self._process.join(timeout=5)
+            if self._process.is_alive():
+                self._process.terminate()
+                self._process.join()
+
+
+def _serve(conn: Connection, parent_end: Connection | None = None) -> None:
+    """The report process: import the report stack, then write one run directory.
+    ``parent_end``, the other end of the pipe (inherited by the fork), is closed first, so
+    that the run closing its end is seen here as the end of the conversation."""
+    if parent_end is not None:
+        parent_end.close()
+    try:
+        # pyarrow.parquet and reports.render, which the writers import lazily, are imported
+        # now too, while the run goes on
+        import pyarrow.parquet  # noqa: F401
+
+        import reports.render  # noqa: F401
+        from reports.errors import ReportError
+        from reports.metrics import format_summary
+        from reports.run_dir import write_run_dir_from_tables
+        from reports.tables import ExportedLog, build_tables
+    except BaseException:
+        _reply(conn, "crash", traceback.format_exc())
+        return
+    try:
+        request = conn.recv()
+    except (EOFError, OSError, KeyboardInterrupt):
+        return  # the run ended without a report (an error, an interruption)
+    try:
+        exported, meta, out_dir, options, plots, file_format = request
+        tables = build_tables(ExportedLog(exported))
+        del exported, request
+        summary = write_run_dir_from_tables(
+            Path(out_dir), tables, meta, goodput=options.goodput,
+            percentiles=options.percentiles, percentile_metrics=options.percentile_metrics,
+            plots=plots, file_format=file_format,
+        )
+        _reply(conn, "ok", (summary, format_summary(summary)))
+    except ReportError as exc:
+        _reply(conn, "report-error", str(exc))
+    except BaseException:
+        _reply(conn, "crash", traceback.format_exc())
+
+
+def _reply(conn: Connection, status: str, value: object) -> None:
+    with contextlib.suppress(OSError, ValueError):  # the run may be gone
+        conn.send((status, value))

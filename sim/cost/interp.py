@@ -1,0 +1,94 @@
+"""Interpolation of measured kernel tables: 1-D curves and 2-D grids (pure Python, compiled).
+
+A ``Curve`` passes through measured points ``(x, y)``; between two points it is linear in
+``x`` and ``y`` (``log_x=False``) or in ``log x`` and ``log y`` (``log_x=True``). Below the first
+point it keeps the first value (a kernel never gets faster than its smallest measured input);
+beyond the last it grows as ``y_last · (x / x_last) ** exponent`` (1: work proportional to
+``x``, 2: quadratic, as causal prefill attention is in its length). Which form each table uses
+is chosen on held-out grid lines (``sim/cost/calibration/kernels.py``).
+
+A ``Grid`` holds one curve per row value (e.g. batch size) over a column axis (context length)
+and interpolates linearly between rows, beyond the last row in proportion to it.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+
+
+class Curve:
+    """A measured curve ``y(x)``: at least one point, ``xs`` strictly increasing, ``ys > 0``."""
+
+    xs: list[float]
+    ys: list[float]
+    log_x: bool
+    exponent: float
+    _lx: list[float]
+    _ly: list[float]
+
+    def __init__(
+        self, xs: list[float], ys: list[float], *, log_x: bool = False, exponent: float = 1.0
+    ) -> None:
+        if not xs or len(xs) != len(ys):
+            raise ValueError("a curve needs as many y values as x values, at least one")
+        for i in range(1, len(xs)):
+            if not xs[i] > xs[i - 1]:
+                raise ValueError(f"curve x values must increase, got {xs}")
+        for x, y in zip(xs, ys, strict=True):
+            if not (x > 0.0 and y > 0.0 and math.isfinite(y)):
+                raise ValueError(f"curve points must be positive and finite, got ({x}, {y})")
+        self.xs = list(xs)
+        self.ys = list(ys)
+        self.log_x = log_x
+        self.exponent = exponent
+        self._lx = [math.log(x) for x in xs]
+        self._ly = [math.log(y) for y in ys]
+
+    def at(self, x: float) -> float:
+        xs = self.xs
+        n = len(xs)
+        if x <= xs[0]:
+            return self.ys[0]
+        if x >= xs[n - 1]:
+            ratio = x / xs[n - 1]
+            if self.exponent == 1.0:
+                return self.ys[n - 1] * ratio
+            return self.ys[n - 1] * math.pow(ratio, self.exponent)
+        j = bisect_right(xs, x)
+        x0, x1 = xs[j - 1], xs[j]
+        if self.log_x:
+            lx0 = self._lx[j - 1]
+            w = (math.log(x) - lx0) / (self._lx[j] - lx0)
+            return math.exp(self._ly[j - 1] + w * (self._ly[j] - self._ly[j - 1]))
+        y0 = self.ys[j - 1]
+        return y0 + (x - x0) / (x1 - x0) * (self.ys[j] - y0)
+
+
+class Grid:
+    """``z(row, x)``: one ``Curve`` per row value, linear between rows."""
+
+    rows: list[float]
+    curves: list[Curve]
+
+    def __init__(self, rows: list[float], curves: list[Curve]) -> None:
+        if not rows or len(rows) != len(curves):
+            raise ValueError("a grid needs one curve per row value, at least one")
+        for i in range(1, len(rows)):
+            if not rows[i] > rows[i - 1]:
+                raise ValueError(f"grid row values must increase, got {rows}")
+        self.rows = list(rows)
+        self.curves = list(curves)
+
+    def at(self, row: float, x: float) -> float:
+        rows = self.rows
+        n = len(rows)
+        if row <= rows[0]:
+            return self.curves[0].at(x)
+        if row >= rows[n - 1]:
+            return self.curves[n - 1].at(x) * (row / rows[n - 1])
+        j = bisect_right(rows, row)
+        r0 = rows[j - 1]
+        z0 = self.curves[j - 1].at(x)
+        z1 = self.curves[j].at(x)
+        return z0 + (row - r0) / (rows[j] - r0) * (z1 - z0)

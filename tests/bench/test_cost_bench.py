@@ -1,0 +1,58 @@
+"""Smoke runs of the cost-model benchmarks (bench/): the GPU step-time script on the CPU with
+a tiny model, and the end-to-end validation on a few rows and a hand-made step file."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import cost_validation
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_gpu_step_times_smoke_prints_measured_beside_predicted(tmp_path: Path) -> None:
+    out = tmp_path / "rows.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.gpu_step_times", "--smoke", "--json-out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={**__import__("os").environ, "TRITON_INTERPRET": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.strip().splitlines()
+    assert lines[-7].startswith("| step | measured ms (ours) | predicted vLLM eager ms")
+    data = json.loads(out.read_text())
+    assert len(data["rows"]) == 5
+    assert all(r["measured_ms"] > 0 and r["predicted_eager_ms"] > 0 for r in data["rows"])
+
+
+def test_validation_rows_are_simulated_or_say_why(capsys: pytest.CaptureFixture[str],
+                                                  tmp_path: Path) -> None:
+    steps = tmp_path / "steps.csv"
+    steps.write_text("model,gpu,tp,quantization,kv_cache_dtype,step,measured_ms,source\n"
+                     "llama-3.1-8b,h100-sxm,1,,,decode:1x1024,6.5,hand-made\n"
+                     "llama-3.1-70b,h200-sxm,4,fp8,fp8,decode:4x5120,10.0,hand-made\n")
+    out = tmp_path / "pred.csv"
+    assert cost_validation.main(["--limit", "12", "--steps", str(steps), "--out",
+                                 str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "## Rows not simulated" in text and "needs ShareGPT" in text
+    assert "| vllm_ci_h200 | batch_latency | 2 |" in text
+    assert text.rstrip().splitlines()[-1].startswith("| ")
+    assert "## Measured steps" in text and "decode:4x5120" in text
+    rows = out.read_text().splitlines()
+    assert rows[0] == "row_id,source,metric,published,auto,roofline" and len(rows) == 13
+
+
+def test_validation_set_states_its_sources() -> None:
+    rows = cost_validation.read_rows()
+    assert len(rows) == 279
+    assert {r.source for r in rows} >= {"aic_silicon", "vllm_ci_h100", "inferencebench_h100"}
+    assert all(r.value > 0 and r.unit for r in rows)
+    text = (ROOT / "bench" / "data" / "VALIDATION.md").read_text()
+    for source in {r.source for r in rows}:
+        assert source in text

@@ -1,0 +1,156 @@
+"""The report process (``reports/report_process.py``) writes the very run directory the
+in-process path writes, reports its errors the same way, and steps aside when it should."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import threading
+from multiprocessing import Pipe
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from reports.errors import ReportError
+from reports.options import SummaryOptions
+from reports.report_process import ReportProcess, _serve
+from sim.config import SimConfig
+from sim.runtime import run_simulation
+
+ROOT = Path(__file__).resolve().parents[2]
+ARGS = ["simulate", "--no-plots", "--no-progress", "--dataset-name", "random",
+        "--num-prompts", "60", "--request-rate", "20", "--random-input-len", "300",
+        "--random-output-len", "20", "--seed", "5"]
+OPTIONS = SummaryOptions(goodput=None, percentiles=(99.0,),
+                         percentile_metrics=("ttft", "tpot", "itl"))
+
+
+def _simulate(out: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "experiments.cli", *ARGS, "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, env={**os.environ, **env}, check=True,
+    )
+
+
+def test_a_fresh_cli_writes_the_same_run_directory_through_it(tmp_path: Path) -> None:
+    forked = _simulate(tmp_path / "forked")
+    local = _simulate(tmp_path / "local", TWINSERVE_REPORT_PROCESS="0")
+    assert forked.stdout == local.stdout and "Serving Benchmark Result" in forked.stdout
+    for name in ("requests", "steps", "token_runs"):
+        pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "forked" / f"{name}.parquet"),
+                                      pd.read_parquet(tmp_path / "local" / f"{name}.parquet"))
+    summaries = [json.loads((tmp_path / d / "summary.json").read_text())
+                 for d in ("forked", "local")]
+    for s in summaries:
+        s.pop("date")
+    assert summaries[0] == summaries[1]
+    assert sorted(p.name for p in (tmp_path / "forked").iterdir()) == sorted(
+        p.name for p in (tmp_path / "local").iterdir())
+
+
+def test_it_steps_aside_where_it_cannot_help(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert "pandas" in sys.modules  # this test session: the report stack is here already
+    assert ReportProcess.start() is None
+    monkeypatch.setenv("TWINSERVE_REPORT_PROCESS", "0")
+    assert ReportProcess.start() is None
+
+
+class _Thread:
+    """A thread standing in for the forked process (same protocol, same code)."""
+
+    def __init__(self, target: Any, args: tuple[Any, ...]) -> None:
+        self._thread = threading.Thread(target=target, args=args, daemon=True)
+        self._thread.start()
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def terminate(self) -> None:
+        raise AssertionError("the report thread should have ended")
+
+
+def _reporter() -> ReportProcess:
+    ours, theirs = Pipe()
+    return ReportProcess(_Thread(_serve, (theirs,)), ours)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def small_run() -> Any:
+    return run_simulation(SimConfig.from_dict({"workload": {
+        "dataset_name": "random", "num_prompts": 20, "request_rate": 50.0,
+        "random_input_len": 64, "random_output_len": 8}}))
+
+
+def test_it_returns_the_summary_and_its_printed_form(small_run: Any, tmp_path: Path) -> None:
+    from reports.metrics import format_summary
+
+    written = _reporter().write(small_run.event_log, {"kind": "simulated"}, tmp_path, OPTIONS,
+                                plots=False, file_format="csv")
+    assert written is not None
+    summary, text = written
+    assert text == format_summary(summary) and summary["completed"] == 20
+    assert (tmp_path / "requests.csv").exists() and (tmp_path / "summary.json").exists()
+
+
+def test_a_report_error_is_raised_as_in_process(small_run: Any, tmp_path: Path) -> None:
+    bad = dataclasses.replace(OPTIONS, goodput={"nonsense": 1.0})
+    with pytest.raises(ReportError, match="nonsense"):
+        _reporter().write(small_run.event_log, {"kind": "simulated"}, tmp_path, bad,
+                          plots=False, file_format="csv")
+
+
+def test_any_other_failure_leaves_the_report_to_the_caller(small_run: Any,
+                                                            tmp_path: Path) -> None:
+    a_file = tmp_path / "file"
+    a_file.write_text("")
+    assert _reporter().write(small_run.event_log, {"kind": "simulated"}, a_file, OPTIONS,
+                             plots=False, file_format="csv") is None
+
+
+class _Process:
+    """Records what ``close`` does to the process."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def join(self, timeout: float | None = None) -> None:
+        self.calls.append("join")
+
+    def is_alive(self) -> bool:
+        return False
+
+    def terminate(self) -> None:
+        self.calls.append("terminate")
+
+
+def test_a_process_left_without_a_log_is_terminated_at_once() -> None:
+    """If the run fails or is interrupted, the report process is not waited for."""
+    ours, _theirs = Pipe()
+    process = _Process()
+    ReportProcess(process, ours).close()  # type: ignore[arg-type]
+    assert process.calls == ["terminate", "join"]
+
+
+def test_write_run_turns_a_report_error_into_a_user_error(small_run: Any,
+                                                           tmp_path: Path) -> None:
+    """Whichever writer runs, the CLI's tail reports a bad option as one ``UserError``."""
+    import argparse
+
+    from engine.core.errors import UserError
+    from experiments.cli.reporting import FinishedRun, write_run
+    from experiments.run_meta import simulated_run_meta
+
+    bad = dataclasses.replace(OPTIONS, goodput={"nonsense": 1.0})
+    args = argparse.Namespace(no_plots=True, format="csv")
+    for reporter in (_reporter(), None):
+        run = FinishedRun(simulated_run_meta(small_run), small_run.event_log)
+        with pytest.raises(UserError, match="nonsense"):
+            write_run(run, tmp_path, args, bad, reporter)

@@ -1,0 +1,144 @@
+"""``build_workload``: the request stream a ``WorkloadConfig`` describes (a pure function of it).
+
+Datasets (names and flags mirror ``vllm bench serve``):
+
+* ``random`` — lengths uniform in ``[len·(1−r), len·(1+r)]`` (``--random-input-len``,
+  ``--random-output-len``, ``--random-range-ratio``), an optional prefix shared by every
+  request (``--random-prefix-len``); drawn with ``numpy.random.default_rng(seed)`` as vllm bench
+  does (``workload.lengths``).
+* ``prefix_repetition`` — ``num_prefixes`` distinct prefixes, ``num_prompts // num_prefixes``
+  requests each (prefix + unique suffix), shuffled with the seed.
+* ``trace`` — a file (``workload.traces``): a request-stream CSV ``arrived_at,
+  num_prefill_tokens, num_decode_tokens`` (Vidur's format, seconds), an Azure LLM 2023 CSV
+  ``TIMESTAMP, ContextTokens, GeneratedTokens``, or a Mooncake JSONL (``timestamp`` ms,
+  ``input_length``, ``output_length``, ``hash_ids`` — one id per 512-token block, equal ids =
+  shared prefix, used for prefix caching). The file's own arrival times are replayed
+  (optionally sped up by ``trace_time_scale``) unless a ``request_rate`` is given, in which
+  case the trace only supplies lengths (sampled with the seed) and arrivals are synthetic.
+
+Synthetic arrivals are vllm bench's gamma process (``workload.arrivals``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from workload.arrivals import synthetic_send_times
+from workload.config import MAX_SPAN_S, WorkloadConfig
+from workload.errors import WorkloadError
+from workload.lengths import uniform_lengths
+from workload.stream import Workload
+from workload.traces import load_trace
+
+
+def build_workload(cfg: WorkloadConfig) -> Workload:
+    """The workload ``cfg`` describes (deterministic in ``cfg.seed``)."""
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        if cfg.dataset_name == "random":
+            w = _random(cfg)
+        elif cfg.dataset_name == "prefix_repetition":
+            w = _prefix_repetition(cfg)
+        else:
+            w = _trace(cfg)
+    send = w.send_time_s
+    if len(send) and not (np.isfinite(send).all() and float(send.max()) <= MAX_SPAN_S):
+        raise WorkloadError(
+            f"the arrival times overflow or span more than {MAX_SPAN_S:g} s (last send at "
+            f"{float(send[-1])} s): "
+            f"request_rate ({cfg.request_rate}) or trace_time_scale ({cfg.trace_time_scale}) "
+            "is too small"
+        )
+    if cfg.priority_mix:
+        rng = np.random.default_rng(cfg.seed + 7919)
+        prios = np.array([p for p, _ in cfg.priority_mix], dtype=np.int64)
+        fracs = np.array([f for _, f in cfg.priority_mix], dtype=np.float64)
+        w = _replace(w, priorities=prios[rng.choice(len(prios), size=len(w), p=fracs)])
+    return w
+
+
+def _replace(w: Workload, **changes: object) -> Workload:
+    fields_ = {name: getattr(w, name) for name in Workload.__dataclass_fields__}
+    fields_.update(changes)
+    return Workload(**fields_)
+
+
+def _random(cfg: WorkloadConfig) -> Workload:
+    n = cfg.num_prompts
+    rng = np.random.default_rng(cfg.seed)
+    input_lens = uniform_lengths(rng, n, cfg.random_input_len, cfg.random_range_ratio)
+    output_lens = uniform_lengths(rng, n, cfg.random_output_len, cfg.random_range_ratio)
+    prefix = cfg.random_prefix_len
+    return Workload(
+        send_time_s=synthetic_send_times(n, cfg.request_rate, cfg.burstiness, cfg.seed),
+        prompt_lens=input_lens + prefix,
+        output_lens=output_lens,
+        priorities=np.zeros(n, dtype=np.int64),
+        shared_prefix_ids=np.full(n, 0 if prefix else -1, dtype=np.int64),
+        shared_prefix_lens=np.full(n, prefix, dtype=np.int64),
+        max_concurrency=cfg.max_concurrency,
+        source=(
+            f"random: input {cfg.random_input_len}, output {cfg.random_output_len}, range ratio "
+            f"{cfg.random_range_ratio}, shared prefix {prefix}"
+        ),
+        request_rate=cfg.request_rate,
+        burstiness=cfg.burstiness,
+    )
+
+
+def _prefix_repetition(cfg: WorkloadConfig) -> Workload:
+    per_prefix = cfg.num_prompts // cfg.prefix_repetition_num_prefixes
+    n = per_prefix * cfg.prefix_repetition_num_prefixes
+    ids = np.repeat(np.arange(cfg.prefix_repetition_num_prefixes, dtype=np.int64), per_prefix)
+    np.random.default_rng(cfg.seed).shuffle(ids)
+    prompt = cfg.prefix_repetition_prefix_len + cfg.prefix_repetition_suffix_len
+    return Workload(
+        send_time_s=synthetic_send_times(n, cfg.request_rate, cfg.burstiness, cfg.seed),
+        prompt_lens=np.full(n, prompt, dtype=np.int64),
+        output_lens=np.full(n, cfg.prefix_repetition_output_len, dtype=np.int64),
+        priorities=np.zeros(n, dtype=np.int64),
+        shared_prefix_ids=ids,
+        shared_prefix_lens=np.full(n, cfg.prefix_repetition_prefix_len, dtype=np.int64),
+        max_concurrency=cfg.max_concurrency,
+        source=(
+            f"prefix_repetition: {cfg.prefix_repetition_num_prefixes} prefixes of "
+            f"{cfg.prefix_repetition_prefix_len} tokens, suffix "
+            f"{cfg.prefix_repetition_suffix_len}, output {cfg.prefix_repetition_output_len}"
+        ),
+        request_rate=cfg.request_rate,
+        burstiness=cfg.burstiness,
+    )
+
+
+def _trace(cfg: WorkloadConfig) -> Workload:
+    assert cfg.dataset_path is not None
+    rows = load_trace(cfg.dataset_path)
+    total = len(rows.prompt_lens)
+    n = cfg.num_prompts
+    if cfg.trace_rate_given:
+        rng = np.random.default_rng(cfg.seed)
+        idx = rng.choice(total, size=n, replace=n > total)
+        send = synthetic_send_times(n, cfg.request_rate, cfg.burstiness, cfg.seed)
+        timing = f"synthetic arrivals at {cfg.request_rate} req/s"
+    else:
+        n = min(n, total)
+        idx = np.arange(n)
+        send = (rows.arrival_s[:n] - rows.arrival_s[0]) / cfg.trace_time_scale
+        timing = "the trace's own arrival times" + (
+            f" sped up {cfg.trace_time_scale}x" if cfg.trace_time_scale != 1 else ""
+        )
+    hash_ids = [rows.hash_ids[i] for i in idx] if rows.hash_ids is not None else None
+    return Workload(
+        send_time_s=send,
+        prompt_lens=rows.prompt_lens[idx],
+        output_lens=rows.output_lens[idx],
+        priorities=np.zeros(len(idx), dtype=np.int64),
+        shared_prefix_ids=np.full(len(idx), -1, dtype=np.int64),
+        shared_prefix_lens=np.zeros(len(idx), dtype=np.int64),
+        max_concurrency=cfg.max_concurrency,
+        source=f"{rows.kind} trace {cfg.dataset_path} ({len(idx)} of {total} requests, {timing})",
+        hash_ids=hash_ids,
+        request_rate=cfg.request_rate if cfg.trace_rate_given else math.nan,
+        burstiness=cfg.burstiness,
+    )

@@ -1,0 +1,121 @@
+"""``WorkloadConfig``: everything that determines a workload; with its seed, a pure function of it.
+
+Names and defaults mirror ``vllm bench serve``'s flags (``--dataset-name``, ``--request-rate``,
+``--random-input-len`` …); ``workload.build`` says what each dataset makes of them. Every value is
+checked in ``__post_init__`` and a bad one is a ``WorkloadError`` naming the field.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from engine.core.config import INFINITE_OK
+from workload.errors import WorkloadError
+from workload.traces import TRACES
+
+DatasetName = Literal["random", "prefix_repetition", "trace"]
+#: Bounds beyond which a workload cannot be held (numpy int64 lengths; memory per request).
+MAX_PROMPTS = 100_000_000
+MAX_TOKENS = 2**40
+MAX_SPAN_S = 1e15  # longest arrival span a float64 clock still resolves to ~0.1 s
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadConfig:
+    """Everything that determines a workload (with ``seed``, a pure function of this)."""
+
+    dataset_name: DatasetName = "random"
+    num_prompts: int = 1000
+    request_rate: float = field(  # requests/s; inf = all at t=0 (trace: None = file times)
+        default=math.inf, metadata={INFINITE_OK: True}
+    )
+    burstiness: float = field(  # gamma shape; 1 = Poisson, inf = evenly spaced
+        default=1.0, metadata={INFINITE_OK: True}
+    )
+    max_concurrency: int | None = None  # client-side cap on requests in flight
+    seed: int = 0
+    # random
+    random_input_len: int = 1024
+    random_output_len: int = 128
+    random_range_ratio: float = 0.0
+    random_prefix_len: int = 0
+    # prefix_repetition
+    prefix_repetition_prefix_len: int = 256
+    prefix_repetition_suffix_len: int = 256
+    prefix_repetition_num_prefixes: int = 10
+    prefix_repetition_output_len: int = 128
+    # trace
+    dataset_path: str | None = None  # a file, or a built-in trace name (see TRACES)
+    trace_time_scale: float = 1.0  # >1 replays the trace faster (arrival times divided by it)
+    trace_rate_given: bool = False  # True: use request_rate for arrivals, trace for lengths
+    # request classes: ((priority, fraction), ...); empty = everyone priority 0
+    priority_mix: tuple[tuple[int, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        def bad(msg: str) -> None:
+            raise WorkloadError(msg)
+
+        if self.dataset_name not in ("random", "prefix_repetition", "trace"):
+            bad(
+                f"unknown dataset {self.dataset_name!r}; valid: random, prefix_repetition, trace"
+            )
+        if self.num_prompts < 1:
+            bad(f"num_prompts must be >= 1, got {self.num_prompts}")
+        if self.num_prompts > MAX_PROMPTS:
+            bad(
+                f"num_prompts must be <= {MAX_PROMPTS:,} (a run keeps per-request records: "
+                f"≈ 1.7 GB peak per million requests), got {self.num_prompts}"
+            )
+        for name in ("random_input_len", "random_output_len", "random_prefix_len",
+                     "prefix_repetition_prefix_len", "prefix_repetition_suffix_len",
+                     "prefix_repetition_output_len"):
+            if getattr(self, name) > MAX_TOKENS:
+                bad(f"{name} must be <= {MAX_TOKENS:,} tokens, got {getattr(self, name)}")
+        if not self.request_rate > 0:
+            bad(f"request_rate must be > 0 (or inf), got {self.request_rate}")
+        if not self.burstiness > 0:
+            bad(f"burstiness must be > 0, got {self.burstiness}")
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            bad(f"max_concurrency must be >= 1, got {self.max_concurrency}")
+        if self.random_input_len < 1 or self.random_output_len < 1:
+            bad("random_input_len and random_output_len must be >= 1")
+        if not 0.0 <= self.random_range_ratio < 1.0:
+            bad(f"random_range_ratio must be in [0, 1), got {self.random_range_ratio}")
+        if self.random_prefix_len < 0:
+            bad("random_prefix_len must be >= 0")
+        if self.seed < 0:
+            bad(f"seed must be >= 0, got {self.seed}")
+        if self.prefix_repetition_prefix_len < 0 or self.prefix_repetition_suffix_len < 0:
+            bad(
+                "prefix_repetition_prefix_len and prefix_repetition_suffix_len must be >= 0, "
+                f"got {self.prefix_repetition_prefix_len} and {self.prefix_repetition_suffix_len}"
+            )
+        if self.prefix_repetition_num_prefixes < 1:
+            bad("prefix_repetition_num_prefixes must be >= 1")
+        if self.dataset_name == "prefix_repetition" and (
+            self.num_prompts < self.prefix_repetition_num_prefixes
+        ):
+            bad(
+                f"num_prompts ({self.num_prompts}) must be >= prefix_repetition_num_prefixes "
+                f"({self.prefix_repetition_num_prefixes})"
+            )
+        if self.dataset_name == "prefix_repetition" and (
+            self.prefix_repetition_prefix_len + self.prefix_repetition_suffix_len < 1
+            or self.prefix_repetition_output_len < 1
+        ):
+            bad("prefix_repetition lengths must give prompts and outputs of >= 1 token")
+        if self.dataset_name != "trace" and self.dataset_path:
+            bad(
+                f"dataset_path is only used with dataset 'trace' "
+                f"(dataset is {self.dataset_name!r})"
+            )
+        if self.dataset_name == "trace" and not self.dataset_path:
+            bad(f"dataset 'trace' needs dataset_path (a file or one of {', '.join(TRACES)})")
+        if not self.trace_time_scale > 0:
+            bad(f"trace_time_scale must be > 0, got {self.trace_time_scale}")
+        if self.priority_mix:
+            total = sum(f for _, f in self.priority_mix)
+            if any(f < 0 for _, f in self.priority_mix) or not math.isclose(total, 1.0):
+                bad(f"priority_mix fractions must be >= 0 and sum to 1, got {self.priority_mix}")

@@ -1,0 +1,62 @@
+"""``Workload``: a request stream as columns (numpy arrays, one entry per request, in send order).
+
+Columns rather than objects, so a million requests cost tens of megabytes, not gigabytes. Both
+worlds read the same columns: the simulator turns each row into a core ``Request`` with
+precomputed block hashes (``prompt_block_keys``), a measured run into token ids
+(``workload.prompts``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from workload.traces import MOONCAKE_BLOCK_TOKENS
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """A request stream in send order (all arrays have one entry per request)."""
+
+    send_time_s: np.ndarray  # float64, nondecreasing, first may be > 0
+    prompt_lens: np.ndarray  # int64, >= 1
+    output_lens: np.ndarray  # int64, >= 1 (requests stop there, as with ignore_eos)
+    priorities: np.ndarray  # int64
+    shared_prefix_ids: np.ndarray  # int64, -1 = no shared prefix
+    shared_prefix_lens: np.ndarray  # int64, tokens of the shared prefix
+    max_concurrency: int | None
+    source: str  # provenance for reports (dataset, file, licence note)
+    # Mooncake-style prefix identities: per request, one id per ``hash_block_tokens`` tokens.
+    hash_ids: list[tuple[int, ...]] | None = None
+    hash_block_tokens: int = MOONCAKE_BLOCK_TOKENS
+    request_rate: float = math.inf
+    burstiness: float = 1.0
+    extra: dict[str, object] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.prompt_lens)
+
+    def prompt_block_keys(self, index: int, block_size: int) -> Sequence[Hashable]:
+        """Prefix identity of each full prompt block of request ``index`` that it may share.
+
+        Blocks not listed (past the shared part) are unique to the request.
+        """
+        n_full = int(self.prompt_lens[index]) // block_size
+        if self.hash_ids is not None:
+            ids = self.hash_ids[index]
+            hb = self.hash_block_tokens
+            keys = []
+            for i in range(n_full):
+                j = ((i + 1) * block_size - 1) // hb
+                if j >= len(ids):
+                    break
+                keys.append(("mc", ids[j], i))
+            return keys
+        pid = int(self.shared_prefix_ids[index])
+        if pid < 0:
+            return ()
+        n_shared = min(int(self.shared_prefix_lens[index]) // block_size, n_full)
+        return [("pfx", pid, i) for i in range(n_shared)]
