@@ -14,8 +14,10 @@ target rate (routers, imbalance and shared prefixes make DP scaling inexact), ad
 while it fails and removing one while the smaller layout still passes.
 
 Probes go through the sweep machinery (cache, process pool or Ray); searches of different
-candidates run concurrently on threads that share the backend. A ``cost_model_factory`` (a
-synthetic model in tests) runs every probe in this process, uncached.
+candidates run concurrently on threads that share the backend. An interruption cancels the
+evaluator (no probe starts after it) and leaves the threads to the backend's cancellation
+(``experiments.sweep.backends.running``), which stops the simulations they wait for. A
+``cost_model_factory`` (a synthetic model in tests) runs every probe in this process, uncached.
 """
 
 from __future__ import annotations
@@ -116,6 +118,10 @@ class PlanSpec:
                 for dp in dps for ks in knob_sets]
 
 
+class Cancelled(Exception):
+    """A probe asked for after the plan was interrupted (never a result)."""
+
+
 class Evaluator:
     """Probes candidates at rates: one task per seed, through the backend and the cache."""
 
@@ -131,6 +137,11 @@ class Evaluator:
         self.records: dict[tuple[Candidate, float], list[dict[str, Any]]] = {}
         self.num_sims = 0
         self._lock = threading.Lock()
+        self._cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        """Stop: every probe not yet started raises ``Cancelled`` (the plan was interrupted)."""
+        self._cancelled.set()
 
     def config(self, candidate: Candidate, rate: float | None, seed: int) -> dict[str, Any]:
         """The full config of ``candidate`` at ``rate`` (validated; raises ``UserError``)."""
@@ -146,6 +157,8 @@ class Evaluator:
         return full_config(user)
 
     def probe(self, candidate: Candidate, rate: float) -> RateProbe:
+        if self._cancelled.is_set():
+            raise Cancelled(candidate.label)
         tasks = [make_task(self.config(candidate, rate, s), self.spec.report)
                  for s in self.spec.seeds]
         records, stats = run_tasks(tasks, self.backend, self.cache)
@@ -268,8 +281,16 @@ def run_plan(
             on_done(outcome)
         return outcome
 
-    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+    if threads <= 1:  # in this thread: an interruption stops the simulation at once
+        return [one(c) for c in candidates], ev
+    pool = ThreadPoolExecutor(max_workers=threads)
+    try:
         outcomes = list(pool.map(one, candidates))
+    except BaseException:  # interrupted: no new probe starts, nothing waits for the others
+        ev.cancel()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
     return outcomes, ev
 
 
