@@ -256,7 +256,7 @@ def test_replay_schedule_missing_file(tmp_path: Path, capsys: pytest.CaptureFixt
 
 
 def test_replay_schedule_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    _assert_one_line_error(*_run_cli(capsys, tmp_path), "cannot read")
+    _assert_one_line_error(*_run_cli(capsys, tmp_path), str(tmp_path), "is a directory, not a file")
 
 
 def test_replay_schedule_error_names_the_request_once(
