@@ -126,7 +126,8 @@ def _serve(conn: Connection, parent_end: Connection | None = None,
     that the run closing its end is seen here as the end of the conversation."""
     if parent_end is not None:
         parent_end.close()
-    _follow_parent(parent_pid)
+    if parent_pid is not None:  # a forked process (tests run this function in a thread)
+        _follow_parent(parent_pid)
     try:
         # pyarrow.parquet and reports.render, which the writers import lazily, are imported
         # now too, while the run goes on
@@ -160,7 +161,7 @@ def _serve(conn: Connection, parent_end: Connection | None = None,
         _reply(conn, "crash", traceback.format_exc())
 
 
-def _follow_parent(parent_pid: int | None) -> None:
+def _follow_parent(parent_pid: int) -> None:
     """Die with the run (``prctl(PR_SET_PDEATHSIG)`` on Linux) and leave its signals to it: a
     Ctrl-C to the terminal's process group stops the run, which stops this process."""
     from engine.process_guard import die_with_parent
