@@ -312,7 +312,11 @@ class OutputDir:
     # -- opening --------------------------------------------------------------------------------
     def open(self) -> OutputDir:
         """Lock the target, repair leftovers, check it may be replaced, create the staging
-        directory (all before the command's work starts)."""
+        directory (all before the command's work starts); missing parents are created."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise OutputError(describe_os_error(exc, self.path.parent, self.what)) from None
         self._lock = OutputLock.acquire(self.path, self.what)
         try:
             self._recover()
