@@ -122,6 +122,13 @@ TEXT_COLUMNS: frozenset[str] = frozenset(
 )
 
 
+def _is_count(column: str) -> bool:
+    """Whether a table column holds integers (indices and counts; the writer's dtypes):
+    an empty CSV table must index with them as a Parquet one does."""
+    return (column.startswith("num_") or column in ("req_index", "step_id", "first_step",
+                                                    "decode_context_sum", "prefix_hit_tokens"))
+
+
 def _read_table_file(path: Path) -> pd.DataFrame:
     if path.suffix == ".parquet":
         return pd.read_parquet(path)
@@ -129,7 +136,7 @@ def _read_table_file(path: Path) -> pd.DataFrame:
     if df.empty:  # a header alone: numbers have no values to infer their type from
         for col in df.columns:
             if col not in TEXT_COLUMNS:
-                df[col] = df[col].astype(np.float64)
+                df[col] = df[col].astype(np.int64 if _is_count(col) else np.float64)
     if "admission_blocker" in df:
         df["admission_blocker"] = pd.Categorical(
             df["admission_blocker"].fillna("").astype(str)

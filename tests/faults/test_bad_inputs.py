@@ -142,12 +142,25 @@ def test_arrival_span_beyond_precision_refused(workdir: Path,
     assert rc == 2 and "precision" in err, err
 
 
-def test_all_rejected_is_not_healthy(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+def test_all_rejected_is_not_healthy(workdir: Path, capsys: pytest.CaptureFixture[str],
+                                     fmt: str) -> None:
     rc = main(["simulate", "--dataset-name", "random", "--num-prompts", "3",
-               "--random-input-len", "200000", "--no-plots", "--out", "out"])
+               "--random-input-len", "200000", "--no-plots", "--format", fmt, "--out", "out"])
     out = capsys.readouterr().out
     summary = json.loads((workdir / "out" / "summary.json").read_text())
     assert rc == 0, out
     assert summary["completed"] == 0
     assert summary["median_ttft_ms"] is None  # not a perfect 0 ms
     assert summary["diagnosis"]["verdict"] == "nothing-completed"
+    # the report rebuilt from the tables (an empty CSV token_runs table included) agrees
+    assert main(["report", "out", "--no-plots"]) == 0
+    rebuilt = json.loads((workdir / "out" / "summary.json").read_text())
+    assert rebuilt["diagnosis"]["verdict"] == "nothing-completed"
+
+
+def test_a_short_trace_says_how_many_ran(workdir: Path, capsys: pytest.CaptureFixture[str]
+                                         ) -> None:
+    assert main(["simulate", "--dataset-name", "trace", "--dataset-path", "t.csv",
+                 "--num-prompts", "100", "--no-plots", "--out", "out"]) == 0
+    assert "only 2 requests: all 2 ran" in capsys.readouterr().err
