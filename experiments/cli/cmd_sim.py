@@ -83,10 +83,20 @@ def _simulate(args: argparse.Namespace) -> int:
             raise
         from experiments.run_meta import simulated_run_meta
 
+        _note_short_trace(cfg, len(result.workload))
         run = FinishedRun(simulated_run_meta(result), result.event_log)
         del result  # the log is all the report needs: free the rest before rendering it
         write_run(run, out, args, options, reporter)
     return 0
+
+
+def _note_short_trace(cfg: Any, num_requests: int) -> None:
+    """Say so when a trace replayed at its own times had fewer requests than
+    ``num_prompts`` asked for (every one of them ran; the summary counts what ran)."""
+    if num_requests < cfg.workload.num_prompts and cfg.workload.dataset_name == "trace":
+        print(f"twinserve: note: the trace has only {num_requests:,} requests: all "
+              f"{num_requests:,} ran (--num-prompts asked for {cfg.workload.num_prompts:,})",
+              file=sys.stderr)
 
 
 def register(sub: Any) -> None:
