@@ -131,3 +131,12 @@ def test_full_disk_sweep(small_disk: Path, tmp_path: Path) -> None:
     assert len(done.error_lines) == 1 and "no space" in done.error_lines[0].lower()
     with pytest.raises(UserError):
         read_manifest(small_disk / "o", "sweep")
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full on this machine")
+def test_full_stderr_never_costs_the_finished_run(tmp_path: Path) -> None:
+    done = run_cli([*SIM, "--progress", "--out", "o"], tmp_path, stderr=None,
+                   shell_suffix="2>/dev/full")
+    assert done.rc == 1  # the lost lines are not success ...
+    assert "Serving Benchmark Result" in done.stdout
+    _complete(tmp_path / "o", "run")  # ... and the run is kept whole
