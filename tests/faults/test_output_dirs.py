@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from engine.output_dir import OutputDir
@@ -110,3 +111,30 @@ def test_sweep_save_runs_then_without(workdir: Path) -> None:
     assert main(base) == 0
     assert not (workdir / "o" / "runs").exists()
     assert (workdir / "o" / "cache").is_dir()  # the cache survives the replacement
+
+
+@pytest.mark.parametrize("damage", ["no-metrics", "cut", "other-task"])
+def test_a_damaged_cache_record_is_run_again(workdir: Path, capsys: pytest.CaptureFixture[str],
+                                             damage: str) -> None:
+    base = ["sweep", "s.toml", "--jobs", "1", "--no-plots", "--no-progress", "--out", "o"]
+    assert main(base) == 0
+    first = _results(workdir / "o")
+    entry_path = sorted((workdir / "o" / "cache").glob("*.json"))[0]
+    entry = json.loads(entry_path.read_text())
+    if damage == "no-metrics":
+        entry["record"] = {k: v for k, v in entry["record"].items() if "ttft" not in k}
+        entry_path.write_text(json.dumps(entry))
+    elif damage == "cut":
+        entry_path.write_text(entry_path.read_text()[:100])
+    else:
+        entry["task"]["config"]["workload"]["num_prompts"] = 7
+        entry_path.write_text(json.dumps(entry))
+    capsys.readouterr()
+    assert main(base) == 0
+    assert "1 run, 1 cached" in capsys.readouterr().err
+    pd.testing.assert_frame_equal(_results(workdir / "o"), first)
+
+
+def _results(d: Path) -> pd.DataFrame:
+    df = pd.read_csv(d / "results.csv")
+    return df.drop(columns=["wall_time_s"])
