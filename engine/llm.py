@@ -39,7 +39,7 @@ from engine.serve.output_processor import OutputProcessor, RequestOutput
 from engine.worker.config import LoadFormat, WorkerConfig
 from engine.worker.executor import TorchExecutor
 from engine.worker.model_config import ModelConfig, load_model_config
-from workload.admission import PromptError, reject_reason, validate_prompt
+from workload.admission import PromptError, validate_prompt
 
 #: The real engine's knobs when none are given: vLLM's, but one batch in flight (the executor
 #: runs in-process and synchronously, so a second batch would only wait for the first).
@@ -260,11 +260,6 @@ class LLM:
         arrival (payload: prompt tokens), front-end start, tokenized, per-step delivery and
         the delivery of each finished request."""
         engine, clock, log = self.engine, self.clock, self.engine.core.event_log
-        max_model_len = engine.engine_config.scheduler.max_model_len
-        for (_, ids), p in zip(items, params, strict=True):
-            reason = reject_reason(len(ids), p.max_tokens, max_model_len)
-            if reason is not None:  # the rule the server and the simulator apply
-                raise PromptError(f"{reason}: lower max_tokens")
         requests = [
             engine.make_request(str(next(self._ids)), ids, p, arrival_time=arrival_s)
             for (_, ids), p in zip(items, params, strict=True)
