@@ -30,6 +30,7 @@ import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from experiments.cli.console import Interrupted, Session
 
@@ -54,8 +55,18 @@ ENVIRONMENT_ERRNOS = frozenset({
 })
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the house error format: one ``twinserve: error:`` line (naming the
+    command and pointing at its ``--help``) instead of a usage block and a second line."""
+
+    def error(self, message: str) -> NoReturn:
+        command = self.prog.partition(" ")[2]
+        where = f"{command}: " if command else ""
+        self.exit(2, f"twinserve: error: {where}{message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="twinserve",
         description="LLM serving engine modelled on vLLM V1: one scheduler core, simulated "
         "or real.",
