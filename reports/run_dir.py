@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd
 
 from engine.core.events import STEP_COLUMNS, EventLog
+from engine.core.errors import UserError
 from engine.output_dir import OutputDir, read_manifest, verify_files
 from engine.paths import input_dir
 from reports.errors import ReportError
@@ -179,10 +180,13 @@ def load_run_dir(run_dir: str | Path) -> tuple[dict[str, Any], RunTables]:
 def load_run_dir_verified(run_dir: str | Path
                           ) -> tuple[dict[str, Any], RunTables, dict[str, Any]]:
     """``load_run_dir`` that also returns the run's manifest."""
-    d = input_dir(run_dir, "run directory")
-    manifest = read_manifest(d, "run", "run directory")
-    table_files = _table_files(d, manifest)
-    verify_files(d, manifest, ["config.json", *table_files], "run directory")
+    try:
+        d = input_dir(run_dir, "run directory")
+        manifest = read_manifest(d, "run", "run directory")
+        table_files = _table_files(d, manifest)
+        verify_files(d, manifest, ["config.json", *table_files], "run directory")
+    except UserError as exc:  # a path or manifest problem: a report error like the others
+        raise ReportError(str(exc)) from None
     config = d / "config.json"
     meta = read_json_object(config)
     for key in ("config", "stats", "workload", "engine_config", "reject_reasons"):

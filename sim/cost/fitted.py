@@ -602,11 +602,13 @@ class FittedCostModel:
 
     @staticmethod
     def load(path: str | Path) -> FittedCostModel:
-        from engine.paths import read_text
+        from engine.paths import PathError, read_text
 
         p = Path(path)
         try:
             values = json.loads(read_text(p, "fitted cost model"))
+        except PathError as exc:  # missing, a directory, a FIFO, not UTF-8 …
+            raise ConfigError(f"cannot read {exc}") from None
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{p} is not valid JSON: {exc}") from None
         if not isinstance(values, dict):
