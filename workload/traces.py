@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.core.config import is_int, is_number
-from engine.paths import PathError, input_file, read_text
+from engine.paths import PathError, check_name_lengths, input_file, read_text, shown
 from workload.errors import WorkloadError
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -58,11 +58,13 @@ def resolve_trace_path(path: str) -> Path:
     device, a symbolic-link loop … named as such, never opened)."""
     if path in TRACES:
         return TRACES[path]
-    if not os.path.lexists(path):
-        raise WorkloadError(
-            f"trace file {path!r} not found (give a path or one of {', '.join(TRACES)})"
-        )
     try:
+        check_name_lengths(path, "trace file")  # else lexists says "not found"
+        if not os.path.lexists(path):
+            raise WorkloadError(
+                f"trace file {shown(path)!r} not found (give a path or one of "
+                f"{', '.join(TRACES)})"
+            )
         return input_file(path, "trace file")
     except PathError as exc:
         raise WorkloadError(str(exc)) from None

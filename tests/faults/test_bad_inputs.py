@@ -66,6 +66,8 @@ CASES: dict[str, tuple[list[str], str]] = {
                            "/dev/null", "--no-plots", "--out", "out"], "character device"),
     "trace-symlink-loop": (["simulate", "--dataset-name", "trace", "--dataset-path", "loop",
                             "--no-plots", "--out", "out"], "loop"),
+    "trace-name-too-long": (["simulate", "--dataset-name", "trace", "--dataset-path",
+                             "t" * 300 + ".csv", "--no-plots", "--out", "out"], "too long"),
     "mooncake-named-json": (["simulate", "--dataset-name", "trace", "--dataset-path",
                              "mc.json", "--no-plots", "--out", "out"], ".jsonl"),
     "generate-seed-negative": (["generate", "--model", "m", "--prompt", "hi", "--seed", "-1"],
