@@ -132,6 +132,7 @@ class Session:
     previous: dict[int, Any] = field(default_factory=dict)  # signal -> the handler before
     streams: tuple[Any, Any] = (None, None)  # sys.stdout, sys.stderr before
     unraisable: Any = None  # sys.unraisablehook before
+    pid: int = field(default_factory=os.getpid)  # the command's process (not a forked child)
 
     @classmethod
     def start(cls) -> Session:
@@ -164,6 +165,11 @@ class Session:
         (self.unraisable or sys.__unraisablehook__)(info)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != self.pid:  # a forked child before it set its own handlers
+            if signum != signal.SIGINT:  # SIGINT is the command's to handle; else die quietly
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+            return
         if self.finished:  # the command is done: only the interpreter's exit is left
             os._exit(128 + signum)
         if self.interrupted is not None:  # a second signal while stopping: stop now
