@@ -160,6 +160,8 @@ class RayBackend:
         try:
             import ray
         except ImportError:
+            ray = None
+        if ray is None or not hasattr(ray, "is_initialized"):  # a bare directory named ray
             raise UserError(
                 "--backend ray needs Ray: pip install 'twinserve[ray]' (ray==2.60.0)"
             ) from None
