@@ -48,11 +48,18 @@ class APIServerPool:
         self._free_at = [0.0] * cfg.num_api_servers  # min-heap of process free times
         self.busy_s = 0.0  # total CPU time spent (for utilisation)
 
-    def admit(self, arrival_s: float, num_prompt_tokens: int) -> FrontendTimes:
+    def admit(
+        self, arrival_s: float, num_prompt_tokens: int, cost_s: float | None = None
+    ) -> FrontendTimes:
+        """One request through the first free process; ``cost_s`` replaces the configured
+        front-end cost (a replay of a measured request's own)."""
         cfg = self.cfg
         free = heapq.heappop(self._free_at)
         start = arrival_s if arrival_s > free else free
-        cost = cfg.request_overhead_s + cfg.tokenize_s_per_token * num_prompt_tokens
+        if cost_s is None:
+            cost = cfg.request_overhead_s + cfg.tokenize_s_per_token * num_prompt_tokens
+        else:
+            cost = cost_s
         done = start + cost
         heapq.heappush(self._free_at, done)
         self.busy_s += cost
