@@ -15,12 +15,13 @@ join``). ``write_bench_run_dir`` writes the directory: the event log of
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from engine.core.errors import UserError
+from engine.core.events import EventKind
 from experiments.loadgen.client import RequestOutput
 from experiments.loadgen.inputs import BenchRequest
 from experiments.loadgen.run_log import (
@@ -86,57 +87,76 @@ class JoinedServer:
     engine_config: dict[str, Any]  # scheduler/cache as the records know them
 
 
-def join_server_records(record: BenchRecord, record_dir: Path) -> JoinedServer:
-    """Join the client's requests with a server's ``records/`` directory (``twinserve serve
-    --record-dir``; every process must have shut down, which writes them)."""
-    from experiments.serve.run_dir import external_ids, read_records
-    from experiments.serve.run_dir import joined_log as server_log
+@dataclass(frozen=True, slots=True)
+class ServerRecords:
+    """A stopped server's records, read once and joined into one log."""
 
-    records_dir = record_dir / "records" if (record_dir / "records").is_dir() else record_dir
-    count = len(list(records_dir.glob("api-server-*.pkl")))
-    if count == 0:
-        raise UserError(f"{records_dir} holds no API server records: start the server with "
-                        "--record-dir DIR and stop it before joining")
-    records = read_records(records_dir, count)
-    joined = server_log(records)
-    internal = {ext: rid for rid, ext in external_ids(records).items()}
-    arrivals = {joined["req_ids"][r]: float(t) for r, k, t in zip(
-        joined["events"]["req_index"], joined["events"]["kind"], joined["events"]["time_s"],
-        strict=True) if k == 0}
-    origin = records.api_servers[0].clock_origin_s
-    arrivals_abs = [t for rec in records.api_servers
-                    for k, t in zip(rec.kinds, rec.times_s, strict=True) if k == 0]
-    log_origin = min(arrivals_abs, default=0.0)
+    records: Any  # experiments.serve.run_dir.ServedRecords
+    joined: dict[str, Any]  # the whole server's log (its clock, 0 = first arrival)
+    internal: dict[str, str]  # the client's request id -> the server's
+    arrivals: dict[str, float]  # the server's request id -> when the request arrived
+    log_origin_s: float  # the joined log's time 0 on the run clock
+
+    @staticmethod
+    def read(record_dir: Path) -> ServerRecords:
+        """A ``twinserve serve --record-dir`` directory (or its ``records/``); every process
+        must have shut down, which writes them."""
+        from experiments.serve.run_dir import external_ids, joined_log, read_records
+
+        records_dir = record_dir / "records" if (record_dir / "records").is_dir() else record_dir
+        count = len(list(records_dir.glob("api-server-*.pkl")))
+        if count == 0:
+            raise UserError(f"{records_dir} holds no API server records: start the server "
+                            "with --record-dir DIR and stop it before joining")
+        records = read_records(records_dir, count)
+        joined = joined_log(records)
+        ev = joined["events"]
+        arrivals = {joined["req_ids"][r]: float(t) for r, k, t in zip(
+            ev["req_index"], ev["kind"], ev["time_s"], strict=True) if k == EventKind.ARRIVAL}
+        origin = min((t for rec in records.api_servers
+                      for k, t in zip(rec.kinds, rec.times_s, strict=True)
+                      if k == EventKind.ARRIVAL), default=0.0)
+        internal = {ext: rid for rid, ext in external_ids(records).items()}
+        return ServerRecords(records, joined, internal, arrivals, origin)
+
+
+def join_server_records(record: BenchRecord, server: Path | ServerRecords) -> JoinedServer:
+    """Join the client's requests with a server's records (a directory, or read already)."""
+    s = server if isinstance(server, ServerRecords) else ServerRecords.read(server)
     clients = record.client_requests()
-    alignment = align(clients, internal, arrivals, origin, log_origin)
-    if not any(c.request.request_id in internal for c in clients):
-        raise UserError(f"none of this benchmark's requests is in {records_dir}: the server "
-                        "records hold other requests")
-    log = joined_log(clients, joined, internal, alignment)
-    requests, steps = _served_tables(records, joined, clients, internal, log, alignment)
-    engine = records.engine
-    return JoinedServer(log, requests, steps, alignment, count, engine.device,
+    if not any(c.request.request_id in s.internal for c in clients):
+        raise UserError("none of this benchmark's requests is in the server's records: they "
+                        "hold other requests")
+    alignment = align(clients, s.internal, s.arrivals,
+                      s.records.api_servers[0].clock_origin_s, s.log_origin_s)
+    log = joined_log(clients, s.joined, s.internal, alignment)
+    requests, steps = _served_tables(s, clients, log, alignment)
+    engine = s.records.engine
+    return JoinedServer(log, requests, steps, alignment, len(s.records.api_servers),
+                        engine.device,
                         {"scheduler": {"max_model_len": engine.max_model_len},
                          "cache": {"num_gpu_blocks": engine.num_gpu_blocks}})
 
 
-def _served_tables(records: Any, joined: dict[str, Any], clients: Sequence[ClientRequest],
-                   internal: Mapping[str, str], log: dict[str, Any],
+def _served_tables(s: ServerRecords, clients: Sequence[ClientRequest], log: dict[str, Any],
                    alignment: Alignment) -> tuple[Any, Any]:
-    """``served_tables`` of the server, cut to this run and put on its timeline."""
+    """``served_tables`` of the server, cut to this run and put on its timeline, with each
+    request's arrival at the server (``server_arrival_s``: the client's send is the run
+    directory's arrival)."""
     from experiments.serve.run_dir import served_tables
 
-    requests, steps = served_tables(records, joined)
+    requests, steps = served_tables(s.records, s.joined)
     t0 = min(c.output.start_time for c in clients)
     shift = alignment.offset_s - t0
-    index = {internal[c.request.request_id]: i for i, c in enumerate(clients)
-             if c.request.request_id in internal}
+    index = {s.internal[c.request.request_id]: i for i, c in enumerate(clients)
+             if c.request.request_id in s.internal}
     requests = requests[requests["req_id"].isin(list(index))].copy()
+    requests["server_arrival_s"] = requests["req_id"].map(s.arrivals) + shift
     requests["req_index"] = requests["req_id"].map(index)
     requests["req_id"] = requests["req_index"].map(lambda i: clients[i].request.request_id)
     requests["engine_received_s"] = requests["engine_received_s"] + shift
     requests = requests.sort_values("req_index", ignore_index=True)
-    steps = steps[steps["step_id"].isin(log["steps"]["step_id"])].copy()
+    steps = steps[steps["step_id"].isin(list(log["steps"]["step_id"]))].copy()
     for col in ("processed_s", "delivered_s"):
         steps[col] = steps[col] + shift
     return requests, steps.reset_index(drop=True)
@@ -160,8 +180,11 @@ def client_table(record: BenchRecord) -> Any:
 
 
 def write_bench_run_dir(out_dir: Path, record: BenchRecord, *, server: JoinedServer | None,
-                        options: Any, plots: bool, file_format: str) -> dict[str, Any]:
-    """The run directory of ``record`` (joined with ``server`` when given); its summary."""
+                        options: Any, plots: bool, file_format: str,
+                        engine_config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The run directory of ``record`` (joined with ``server`` when given); its summary.
+    ``engine_config`` is the served engine's whole config when the caller knows it (the
+    records know only its KV blocks and max_model_len)."""
     from reports.errors import ReportError
     from reports.run_dir import write_run_dir_from_tables
     from reports.tables import ExportedLog, build_tables
@@ -172,7 +195,7 @@ def write_bench_run_dir(out_dir: Path, record: BenchRecord, *, server: JoinedSer
         log = server.log
         meta["num_api_servers"] = server.num_api_servers
         meta["device"] = server.engine_device
-        meta.setdefault("engine_config", server.engine_config)
+        meta["engine_config"] = engine_config or server.engine_config
         meta["steps"] = "engine"
         meta["clock_alignment"] = server.alignment.source
     else:
