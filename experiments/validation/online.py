@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import csv
 import dataclasses
-import json
 import math
 import os
 import time
@@ -127,8 +126,8 @@ def pinned(cpus: tuple[int, ...] | None) -> Iterator[None]:
         os.sched_setaffinity(0, before)
 
 
-def measure(server: Any, options: BenchOptions, workload_cfg: WorkloadConfig, plan: OnlinePlan,
-            *, max_num_seqs: int, num_gpu_blocks: int, block_size: int, rate: float | None,
+def measure(options: BenchOptions, workload_cfg: WorkloadConfig, plan: OnlinePlan,
+            *, max_num_seqs: int, num_gpu_blocks: int, block_size: int,
             log: Log) -> Measurements:
     """Calibrate, find the capacity, measure every load (see the module docstring)."""
     from workload.build import build_workload
@@ -184,11 +183,3 @@ def append_in_loop_rows(profile_csv: Path, samples: Sequence[Any]) -> int:
         writer = csv.DictWriter(f, fieldnames=list(PROFILE_COLUMNS))
         writer.writerows(r.to_csv_dict() for r in rows)
     return len(rows)
-
-
-def read_profile_meta(path: Path) -> dict[str, Any]:
-    try:
-        value: dict[str, Any] = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise UserError(f"the server wrote no profile metadata at {path}: {exc}") from None
-    return value

@@ -77,19 +77,41 @@ def noise_floor(records: Sequence[Any]) -> dict[str, dict[str, float | None]] | 
     return out
 
 
+#: request-path segments (``reports.breakdown``) as the report lists them, in path order
+SEGMENTS: dict[str, tuple[str, ...]] = {
+    "network in + API-server queue": ("client_to_frontend",),
+    "front-end CPU (validate, tokenize, send)": ("frontend_cpu",),
+    "IPC in + engine-loop pickup": ("ipc_in",),
+    "scheduler wait": ("wait_token_budget", "wait_max_num_seqs", "wait_kv_cache",
+                       "wait_preemption", "wait_next_step"),
+    "prefill steps": ("prefill",),
+    "decode steps": ("decode",),
+    "output path, first token": ("output_first",),
+    "output path, last token": ("output_last",),
+}
+
+
+def segment_means(tables: Any) -> dict[str, float]:
+    """Mean seconds per successful request in each of ``SEGMENTS``."""
+    req = tables.requests[tables.requests["success"]]
+    out = {}
+    for name, parts in SEGMENTS.items():
+        cols = [f"seg_{p}_s" for p in parts if f"seg_{p}_s" in req.columns]
+        out[name] = float(req[cols].sum(axis=1).mean()) if cols and len(req) else 0.0
+    return out
+
+
 def stages(measured: Any, replayed: Any, fitted: Any) -> dict[str, list[dict[str, Any]]]:
     """Per-step medians and per-request segment means of the three runs (seconds)."""
-    from experiments.validation.report import segment_attribution, stage_table
+    from experiments.validation.report import stage_table
 
     rows = []
     for (name, m, r), (_, _, f) in zip(stage_table(measured, replayed),
                                        stage_table(measured, fitted), strict=True):
         rows.append({"stage": name, "measured": m, "replayed": r, "fitted": f})
-    segments = []
-    for a, b in zip(segment_attribution(measured, replayed),
-                    segment_attribution(measured, fitted), strict=True):
-        segments.append({"segment": a["segment"], "measured": a["measured"],
-                         "replayed": a["simulated"], "fitted": b["simulated"]})
+    means = [segment_means(t) for t in (measured, replayed, fitted)]
+    segments = [{"segment": name, "measured": means[0][name], "replayed": means[1][name],
+                 "fitted": means[2][name]} for name in SEGMENTS]
     return {"steps": rows, "segments": segments}
 
 
@@ -119,6 +141,7 @@ def compare_load(label: str, records: Sequence[Any], measured_dir: Path, replaye
         "stages": stages(m_tables, r_tables, f_tables),
         "replay_steps": {k.removeprefix("steps_"): v for k, v in r_meta.items()
                          if k.startswith("steps_")},
+        "replay_fallback_scale": r_meta.get("fallback_scale"),
         "clock_alignment": m_meta.get("clock_alignment"),
     }
     result["findings"] = findings(result)
@@ -159,6 +182,12 @@ def findings(res: Mapping[str, Any]) -> list[str]:
             f"{twin}: outside p50 {t50:.0%} / p99 {t99:.0%} for {', '.join(misses)}. The "
             f"{what}'s largest difference is in '{worst['segment']}' ({delta:+.3f} ms per "
             f"request, {base} {1e3 * worst[base]:.3f} ms).")
+    own = res.get("step_model_on_run") or {}
+    if own.get("total_rel_err") is not None:
+        out.append(f"The fitted step model on this run's own {own['num_steps']} measured steps: "
+                   f"{_pct(own['total_rel_err'])} in total (per step |err| median "
+                   f"{100 * own['median_abs_rel_err']:.1f}%) — beyond the profile's held-out "
+                   "error, the machine's change of speed between calibration and this run.")
     if floor is not None:
         parts = ", ".join(f"{m.upper()} p50 {_pct(floor[m]['p50'])} / p99 {_pct(floor[m]['p99'])}"
                           for m in METRICS)
@@ -167,9 +196,11 @@ def findings(res: Mapping[str, Any]) -> list[str]:
     total = sum(int(v) for v in rs.values())
     if total:
         out.append(f"Replayed steps: {rs.get('replayed', 0)} of {total} simulated steps got the "
-                   f"measured duration of their own batch shape ({rs.get('repeated', 0)} a "
-                   f"repeated shape's mean, {rs.get('fallback', 0)} the fitted model's: the "
-                   "simulated batches left the measured ones there).")
+                   f"measured duration of their own batch shape; {rs.get('repeated', 0)} a "
+                   f"repeated shape's mean, {rs.get('similar', 0)} the measured steps of their "
+                   "kind (same requests, tokens, decodes and chunks; other contexts), "
+                   f"{rs.get('fallback', 0)} the fitted model's, scaled by "
+                   f"{res.get('replay_fallback_scale') or 1:.3f} to the run's own steps.")
     return out
 
 

@@ -5,8 +5,10 @@
   scheduling), the fitted step model (``profile.fitted.json``) and the fitted served-path costs
   (``served_costs``), the profile's wake-up cost included;
 * ``replayed`` — the same, except that each step lasts what the measured run's step of that
-  batch shape lasted (``sim.cost.replay.ReplayCostModel``, fallback the fitted model), each
-  request's front end takes what its measured front end took, requests are sent when the
+  batch shape lasted (``sim.cost.replay.ReplayCostModel``; a shape the run never had takes the
+  fitted model scaled to the run's own steps: their measured total over its prediction), each
+  request's front end takes what its way in took (client send → sent to the engine, less the
+  network), requests are sent when the
   client actually sent them, and no wake-up cost is added (measured steps carry it). Its error
   is the structure's; fitted − replayed is the cost model's.
 
@@ -95,7 +97,10 @@ def simulate_replayed(engine_config: EngineConfig, workload_cfg: Any, fitted_pat
     from workload.build import build_workload
 
     fitted = FittedCostModel.load(fitted_path)
-    replay = ReplayCostModel([(s.shape, s.execute_time_s) for s in steps], fitted)
+    measured = sum(s.execute_time_s for s in steps)
+    predicted = sum(fitted.step_time(s.shape).total_s for s in steps)
+    scale = measured / predicted if predicted > 0 and measured > 0 else 1.0
+    replay = ReplayCostModel([(s.shape, s.execute_time_s) for s in steps], fitted.scaled(scale))
     values = {**frontend, "idle_wakeup_s": 0.0, "idle_wakeup_ramp_s": 0.0}
     cfg = sim_config(engine_config, workload_cfg, fitted_path, values, label=model_label,
                      fast_path=False)
@@ -108,5 +113,6 @@ def simulate_replayed(engine_config: EngineConfig, workload_cfg: Any, fitted_pat
                         request_frontend_s=costs.tolist()).run()
     stats = dataclasses.asdict(replay.stats)
     _write(result, out_dir, "simulated (replayed steps)",
-           {"twin": "replayed", **{f"steps_{k}": v for k, v in stats.items()}}, plots)
+           {"twin": "replayed", "fallback_scale": scale,
+            **{f"steps_{k}": v for k, v in stats.items()}}, plots)
     return SimulatedRun(out_dir, stats)

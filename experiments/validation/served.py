@@ -65,9 +65,9 @@ def run_server_and_measure(engine_args: Any, workload_cfg: Any, out: Path, plan:
         options = BenchOptions(base_url=server.url, tokenizer=_tokenizer_dir(engine_args),
                                continuous_usage=True, progress=False)
         with pinned(layout.client):
-            m = measure(server, options, workload_cfg, plan, max_num_seqs=sched.max_num_seqs,
+            m = measure(options, workload_cfg, plan, max_num_seqs=sched.max_num_seqs,
                         num_gpu_blocks=int(info["num_gpu_blocks"]),
-                        block_size=int(info["block_size"]), rate=None, log=log)
+                        block_size=int(info["block_size"]), log=log)
     except BaseException:
         server.kill()
         raise
@@ -84,12 +84,11 @@ def _join_all(m: Measurements, out: Path, plots: bool,
     options = _options()
     kw: dict[str, Any] = {"options": options, "file_format": "parquet",
                           "engine_config": engine_config}
-    dirs: dict[str, list[Path]] = {"calibration": []}
+    dirs: dict[str, list[Path]] = {}
     for c, record in m.calibration:
         d = out / "calibration" / f"c{c}"
         write_bench_run_dir(d, record, server=join_server_records(record, records),
                             plots=False, **kw)
-        dirs["calibration"].append(d)
     for load in m.loads:
         dirs[load.label] = []
         for k, record in enumerate(load.records):
@@ -108,7 +107,14 @@ def _steps_of(run_dir: Path, samples: dict[int, Any]) -> list[Any]:
     return [samples[int(s)] for s in tables.steps["step_id"] if int(s) in samples]
 
 
-def fit(out: Path, profile: Path, calibration_dirs: list[Path], samples: dict[int, Any],
+#: The step model's fit weighs the steps the engine ran inside the server (calibration runs,
+#: minutes before the measured ones, interleaved with real serving work) three times the grid
+#: replays (profiled at start, back to back): on a shared host the machine's speed drifts
+#: between the two, and the in-server steps are the better likeness of the measured runs.
+SOURCE_SHARES = {"in_loop": 3.0, "step": 1.0}
+
+
+def fit(out: Path, profile: Path, calibration: list[tuple[int, Path]], samples: dict[int, Any],
         log: Log, *, add_in_loop: bool) -> tuple[Any, Any]:
     """The fitted step model and the served path's costs (files beside the profile); with
     ``add_in_loop`` the calibration runs' in-server steps join the profile first."""
@@ -117,11 +123,11 @@ def fit(out: Path, profile: Path, calibration_dirs: list[Path], samples: dict[in
 
     files = ProfileFiles.of(profile)
     if add_in_loop:
-        steps = [s for d in calibration_dirs for s in _steps_of(d, samples)]
+        steps = [s for _, d in calibration for s in _steps_of(d, samples)]
         n = append_in_loop_rows(files.csv, steps)
         log(f"fit: the grid + {n} in-server steps of the calibration runs")
-    model = fit_profile(files.csv)
-    served = fit_served_path([ServedRun.load(d) for d in calibration_dirs])
+    model = fit_profile(files.csv, source_shares=SOURCE_SHARES)
+    served = fit_served_path([(c, ServedRun.load(d)) for c, d in calibration])
     wake = model.frontend.wakeup
     served.save(out / "served_costs.json", idle_wakeup_s=wake.extra_s,
                 idle_wakeup_ramp_s=wake.ramp_s)
@@ -141,8 +147,9 @@ def validate_served(engine_args: Any, workload_cfg: Any, out: Path, plan: Online
     )
     from experiments.validation.online_sim import simulate_fitted, simulate_replayed
     from experiments.validation.profiling import ProfileFiles
+    from experiments.validation.report import step_time_errors
     from experiments.validation.runs import read_step_shapes
-    from experiments.validation.served_costs import ServedRun, request_frontend_s
+    from experiments.validation.served_costs import ServedRun
 
     if profile is not None and not ProfileFiles.of(profile).csv.exists():
         raise UserError(f"--profile {profile} does not exist")
@@ -155,7 +162,8 @@ def validate_served(engine_args: Any, workload_cfg: Any, out: Path, plan: Online
     engine_config = EngineConfig(sched, engine_args.engine.cache_config(m.num_gpu_blocks))
     dirs = _join_all(m, out, plots, engine_config_dict(engine_config))
     samples = {s.step_id: s for s in read_step_shapes(out / "step_shapes.csv")}
-    model, served = fit(out, profile or out / "profile.csv", dirs["calibration"], samples, log,
+    calibration = [(c, out / "calibration" / f"c{c}") for c, _ in m.calibration]
+    model, served = fit(out, profile or out / "profile.csv", calibration, samples, log,
                         add_in_loop=profile is None)
     fitted_path = ProfileFiles.of(profile or out / "profile.csv").fitted
     wake = model.frontend.wakeup
@@ -173,12 +181,17 @@ def validate_served(engine_args: Any, workload_cfg: Any, out: Path, plan: Online
         first = min(o.start_time - o.client_queue_time for o in record.outputs)
         sends = np.maximum.accumulate([o.start_time - o.client_queue_time - first
                                        for o in record.outputs])
+        # each request's own way in: client send -> sent to the engine, less the network
+        req = run.tables.requests
+        way_in = (req["tokenized_s"] - req["arrival_s"]).to_numpy(dtype=float)
         replayed = simulate_replayed(
             engine_config, load.workload, fitted_path, frontend, target / "replayed",
-            steps=_steps_of(measured_dir, samples), request_frontend_s=request_frontend_s(run),
+            steps=_steps_of(measured_dir, samples),
+            request_frontend_s=np.maximum(way_in - float(frontend["network_latency_s"]), 0.0),
             send_times_s=sends, model_label=label, plots=plots)
+        own = step_time_errors(model, _steps_of(measured_dir, samples))
         extra = {"load_fraction": load.fraction, "capacity_rps": m.capacity_rps,
-                 "request_rate": load.workload.request_rate}
+                 "request_rate": load.workload.request_rate, "step_model_on_run": own}
         res = compare_load(load.label, load.records, measured_dir, replayed.run_dir,
                            fitted.run_dir, extra)
         write_load_report(target, res)

@@ -14,15 +14,25 @@ measured samples, on one clock:
 ``update_overhead_s``         the busy loop after a step: ``update_from_output``, publishing
                               the outputs, taking inputs → the next ``schedule()`` (steps the
                               loop went on from without waiting)
-``output_batch_overhead_s``,  step applied → the API server's output handler has decoded,
-``detokenize_s_per_token``    detokenized and queued its tokens (minus the IPC), by tokens
+``output_batch_overhead_s``,  step applied → its tokens reached the client (minus the IPC and
+``detokenize_s_per_token``,   the network), by tokens and by requests' first outputs: decoded,
+``first_output_overhead_s``   detokenized, queued and written as SSE by the API server
 ``network_latency_s``         client send → server arrival, and the handler's output → the
-                              client's receipt, one-way (the mean of the two medians)
+                              client's receipt: the shorter of the two medians, both ways;
+                              what one direction takes beyond it goes to that side's stage
+                              (``request_overhead_s`` or ``output_batch_overhead_s``): on one
+                              host the way in is mostly the API server's event loop getting
+                              to the new connection, the way out the SSE write
 ============================  ==============================================================
 
 Linear stages are non-negative least-squares fits with relative weights (``sim.cost.nnls``);
-latencies are medians (robust to the host's hiccups). The idle wake-up cost comes from the
-profile's wake-up probe (``sim.cost.fitted.IdleWakeup``), measured in the EngineCore process.
+latencies are medians (robust to the host's hiccups). The request's own costs — the front end,
+the IPC and the network — come from the *quiet* calibration runs (concurrency ≤ 4): at higher
+concurrency the API server's one event loop also processes every step's outputs, and a request
+then waits in its socket and its loop, which is queueing (what the simulator's structure must
+produce), not cost. The engine loop's and the output path's costs come from every run (they
+depend on the batch). The idle wake-up cost comes from the profile's wake-up probe
+(``sim.cost.fitted.IdleWakeup``), measured in the EngineCore process.
 """
 
 from __future__ import annotations
@@ -88,6 +98,26 @@ def _median(values: np.ndarray) -> float:
 
 
 @dataclass(frozen=True, slots=True)
+class OutputFit:
+    """``intercept_s + per_token_s · tokens + per_first_s · first outputs`` of a step."""
+
+    intercept_s: float
+    per_token_s: float
+    per_first_s: float
+    num_samples: int
+
+
+def fit_output(tokens: np.ndarray, firsts: np.ndarray, seconds: np.ndarray) -> OutputFit:
+    ok = np.isfinite(tokens) & np.isfinite(firsts) & np.isfinite(seconds) & (seconds > 0)
+    x = np.column_stack([np.ones(int(ok.sum())), tokens[ok], firsts[ok]]).astype(np.float64)
+    y = seconds[ok].astype(np.float64)
+    if len(y) < 3:
+        return OutputFit(float(np.median(y)) if len(y) else 0.0, 0.0, 0.0, len(y))
+    coef = fit_nonnegative(x, y, 1.0 / y)
+    return OutputFit(float(coef[0]), float(coef[1]), float(coef[2]), len(y))
+
+
+@dataclass(frozen=True, slots=True)
 class ServedPathCosts:
     """The fitted stages (see the module docstring) and what they map to in the simulator."""
 
@@ -95,7 +125,7 @@ class ServedPathCosts:
     ipc_in_s: float
     schedule: LinearFit  # by scheduled requests
     post: LinearFit  # by output tokens of the step
-    output: LinearFit  # step applied -> handler done, by tokens (incl. the IPC)
+    output: OutputFit  # step applied -> at the client, by tokens and first outputs
     network_in_s: float
     network_out_s: float
     mean_output_len: float
@@ -104,14 +134,17 @@ class ServedPathCosts:
     def frontend_config_values(self, idle_wakeup_s: float = 0.0,
                                idle_wakeup_ramp_s: float = 0.0) -> dict[str, float | int]:
         """``sim.config.FrontendConfig`` fields that reproduce the served path."""
+        network = max(min(self.network_in_s, self.network_out_s), 0.0)
         return {
             "num_api_servers": self.num_api_servers,
-            "request_overhead_s": self.frontend.intercept_s,
+            "request_overhead_s": self.frontend.intercept_s + self.network_in_s - network,
             "tokenize_s_per_token": self.frontend.slope_s,
             "ipc_latency_s": self.ipc_in_s,
-            "detokenize_s_per_token": self.output.slope_s,
-            "output_batch_overhead_s": max(self.output.intercept_s - self.ipc_in_s, 0.0),
-            "network_latency_s": (self.network_in_s + self.network_out_s) / 2,
+            "detokenize_s_per_token": self.output.per_token_s,
+            "output_batch_overhead_s": max(self.output.intercept_s - self.ipc_in_s - network,
+                                           0.0),
+            "first_output_overhead_s": self.output.per_first_s,
+            "network_latency_s": network,
             "schedule_overhead_s": self.schedule.intercept_s,
             # the loop's per-output CPU after a step, carried by the requests that produce them
             "schedule_s_per_request": self.schedule.slope_s + self.post.slope_s,
@@ -140,13 +173,21 @@ def request_frontend_s(run: ServedRun) -> np.ndarray:
     return np.asarray(req["tokenized_s"].to_numpy(dtype=np.float64) - arrival)
 
 
-def fit_served_path(runs: Sequence[ServedRun]) -> ServedPathCosts:
-    """Fit every stage over the calibration runs (see the module docstring)."""
+#: The highest calibration concurrency whose runs give the request's own costs.
+QUIET_CONCURRENCY = 4
+
+
+def fit_served_path(runs: Sequence[tuple[int, ServedRun]]) -> ServedPathCosts:
+    """Fit every stage over the calibration runs, given with their concurrency (see the
+    module docstring; without a quiet run the quietest one gives the request's costs)."""
+    if not runs:
+        raise ValueError("fitting the served path needs calibration runs")
+    quiet_limit = max(QUIET_CONCURRENCY, min(c for c, _ in runs))
     units: dict[str, list[np.ndarray]] = {k: [] for k in (
-        "fe_x", "fe_y", "ipc", "sch_x", "sch_y", "post_x", "post_y", "out_x", "out_y",
-        "net_in", "net_out", "out_len")}
-    for run in runs:
-        _collect(run, units)
+        "fe_x", "fe_y", "ipc", "sch_x", "sch_y", "post_x", "post_y", "out_x", "out_f",
+        "out_y", "net_in", "net_out", "out_len")}
+    for concurrency, run in runs:
+        _collect(run, units, quiet=concurrency <= quiet_limit)
     cat = {k: np.concatenate(v) if v else np.zeros(0) for k, v in units.items()}
     out_len = cat["out_len"]
     return ServedPathCosts(
@@ -154,22 +195,25 @@ def fit_served_path(runs: Sequence[ServedRun]) -> ServedPathCosts:
         ipc_in_s=_median(cat["ipc"]),
         schedule=fit_linear(cat["sch_x"], cat["sch_y"]),
         post=fit_linear(cat["post_x"], cat["post_y"]),
-        output=fit_linear(cat["out_x"], cat["out_y"]),
+        output=fit_output(cat["out_x"], cat["out_f"], cat["out_y"]),
         network_in_s=_median(cat["net_in"]),
         network_out_s=_median(cat["net_out"]),
         mean_output_len=float(out_len.mean()) if len(out_len) else math.nan,
     )
 
 
-def _collect(run: ServedRun, into: dict[str, list[np.ndarray]]) -> None:
+def _collect(run: ServedRun, into: dict[str, list[np.ndarray]], *, quiet: bool) -> None:
     req = run.tables.requests
     srv = run.served_requests.set_index("req_index").reindex(req["req_index"])
     ok = req["success"].to_numpy(dtype=bool)
-    into["fe_x"].append(req["num_prompt_tokens"].to_numpy(dtype=np.float64)[ok])
-    into["fe_y"].append(request_frontend_s(run)[ok])
-    into["ipc"].append((srv["engine_received_s"].to_numpy() - req["tokenized_s"].to_numpy())[ok])
-    into["net_in"].append((srv["server_arrival_s"].to_numpy() - req["arrival_s"].to_numpy())[ok])
     into["out_len"].append(req["num_output_tokens"].to_numpy(dtype=np.float64)[ok])
+    if quiet:
+        into["fe_x"].append(req["num_prompt_tokens"].to_numpy(dtype=np.float64)[ok])
+        into["fe_y"].append(request_frontend_s(run)[ok])
+        into["ipc"].append((srv["engine_received_s"].to_numpy()
+                            - req["tokenized_s"].to_numpy())[ok])
+        into["net_in"].append((srv["server_arrival_s"].to_numpy()
+                               - req["arrival_s"].to_numpy())[ok])
     st = run.tables.steps.sort_values("step_id")
     st = st[st["num_tokens"] > 0]
     into["sch_x"].append(st["num_reqs"].to_numpy(dtype=np.float64))
@@ -183,6 +227,10 @@ def _collect(run: ServedRun, into: dict[str, list[np.ndarray]]) -> None:
     handler = run.served_steps.groupby("step_id")["processed_s"].max()
     outs = st[st["num_sampled_tokens"] > 0].set_index("step_id")
     done = handler.reindex(outs.index).to_numpy()
+    first_steps = run.tables.token_runs.groupby("req_index")["first_step"].min()
+    firsts = first_steps.value_counts().reindex(outs.index, fill_value=0)
     into["out_x"].append(outs["num_sampled_tokens"].to_numpy(dtype=np.float64))
-    into["out_y"].append(done - outs["update_time_s"].to_numpy())
-    into["net_out"].append(outs["delivered_time_s"].to_numpy() - done)
+    into["out_f"].append(firsts.to_numpy(dtype=np.float64))
+    into["out_y"].append(outs["delivered_time_s"].to_numpy() - outs["update_time_s"].to_numpy())
+    if quiet:
+        into["net_out"].append(outs["delivered_time_s"].to_numpy() - done)

@@ -56,13 +56,27 @@ def test_replaying_a_runs_own_steps_repeats_it_exactly() -> None:
     assert original.event_log.num_steps >= len(recorded.seen)
 
 
-def test_repeated_and_unknown_shapes() -> None:
+@dataclass(frozen=True)
+class ByContext:
+    """1 ms + 1 µs per cached context token of the decodes."""
+
+    def step_time(self, shape: BatchShape) -> StepTime:
+        return StepTime(0.001 + 1e-6 * shape.decode_context_sum)
+
+
+def test_repeated_similar_and_unknown_shapes() -> None:
     a = BatchShape(1, 1, (), (), 1, 10, 10, 1)
     b = BatchShape(2, 2, (), (), 2, 20, 10, 2)
     replay = ReplayCostModel([(a, 1.0), (a, 3.0)], LinearCostModel(0.5, 0.0))
     assert [replay.step_time(a).total_s for _ in range(3)] == [1.0, 3.0, 2.0]
-    assert replay.step_time(b).total_s == 0.5
+    assert replay.step_time(b).total_s == 0.5  # a kind never measured: the fallback
     assert (replay.stats.replayed, replay.stats.repeated, replay.stats.fallback) == (2, 1, 1)
+    # a decode of a measured kind whose contexts differ: the kind's measured mean, moved by the
+    # fallback model's ratio (here 1.1 ms / 1.01 ms predicted for 30 vs 10 context tokens)
+    c = BatchShape(1, 1, (), (), 1, 110, 110, 1)
+    similar = ReplayCostModel([(a, 0.002), (a, 0.004)], ByContext())
+    assert similar.step_time(c).total_s == pytest.approx(0.003 * 0.00111 / 0.00101)
+    assert similar.stats.similar == 1 and similar.stats.total == 1
     assert replay.step_time(BatchShape.empty()).total_s == 0.0
     with pytest.raises(ValueError, match=">= 0 s"):
         ReplayCostModel([(a, float("nan"))], Never())

@@ -90,3 +90,17 @@ def test_measured_replayed_and_fitted_runs_serve_the_same_stream(validated: Path
     assert r_meta["config"]["frontend"]["idle_wakeup_s"] == 0.0
     # every measured stage of the served path is in the joined run directory
     assert m.requests[["frontend_start_s", "tokenized_s", "engine_enqueued_s"]].notna().all().all()
+
+
+def test_gpu_script_smoke_mode(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.gpu_validate_serve import COPIED
+    from bench.gpu_validate_serve import main as gpu_main
+
+    assert gpu_main(["--smoke", "--out", str(tmp_path)]) == 0
+    names = {p.name for p in tmp_path.iterdir()}
+    assert names == {*COPIED, "runs.tar.gz"} and len(names) <= 8  # what a device run returns
+    summary = json.loads((tmp_path / "validation_summary.json").read_text())
+    assert set(summary["loads"]) == {"load-0.5"}
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert printed[-1].startswith("| load-0.5 | throughput |")  # the error table comes last
+    assert not descendants(os.getpid())
