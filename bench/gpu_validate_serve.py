@@ -71,7 +71,7 @@ def validate_flags(model_dir: str, work: Path, smoke: bool) -> list[str]:
               "--repeats", "2"]
     if smoke:
         return [*common, "--device", "cpu", "--kv-cache-memory", "2MiB", "--grid", "quick",
-                "--calibration", "1,4", "--num-prompts", "10", "--random-input-len", "24",
+                "--calibration", "2", "--num-prompts", "8", "--random-input-len", "24",
                 "--random-output-len", "6", "--loads", "0.5"]
     return [*common, "--device", "cuda", "--dtype", "bfloat16", "--load-format", "dummy",
             "--max-model-len", "4096", "--max-num-batched-tokens", "8192", "--max-num-seqs", "256",

@@ -79,8 +79,9 @@ def noise_floor(records: Sequence[Any]) -> dict[str, dict[str, float | None]] | 
 
 #: request-path segments (``reports.breakdown``) as the report lists them, in path order
 SEGMENTS: dict[str, tuple[str, ...]] = {
-    "network in + API-server queue": ("client_to_frontend",),
-    "front-end CPU (validate, tokenize, send)": ("frontend_cpu",),
+    # one segment: the simulator has no split of the API server's time before its handler
+    "network in + API server (queue, validate, tokenize)": ("client_to_frontend",
+                                                            "frontend_cpu"),
     "IPC in + engine-loop pickup": ("ipc_in",),
     "scheduler wait": ("wait_token_budget", "wait_max_num_seqs", "wait_kv_cache",
                        "wait_preemption", "wait_next_step"),
@@ -164,10 +165,25 @@ def target_misses(res: Mapping[str, Any], twin: str) -> list[str]:
     return misses
 
 
+#: the request-path segments each metric is made of (``SEGMENTS``' names)
+PATH_OF: dict[str, tuple[str, ...]] = {
+    "ttft": ("network in + API server (queue, validate, tokenize)",
+             "IPC in + engine-loop pickup", "scheduler wait", "prefill steps",
+             "output path, first token"),
+    "tpot": ("decode steps", "output path, last token"),
+    "itl": ("decode steps", "output path, last token"),
+    "e2el": ("network in + API server (queue, validate, tokenize)",
+             "IPC in + engine-loop pickup", "scheduler wait", "prefill steps", "decode steps",
+             "output path, last token"),
+}
+
+
 def findings(res: Mapping[str, Any]) -> list[str]:
-    """Which targets are met; where not, the stage that misses most, and the noise floor."""
+    """Which targets are met; where not, per missed metric the stage on its path that differs
+    most (the structure's: replayed vs measured; the cost model's: fitted vs replayed), and
+    the noise floor."""
     out = []
-    seg = res["stages"]["segments"]
+    seg = {r["segment"]: r for r in res["stages"]["segments"]}
     floor = res.get("noise_floor")
     for twin, what in (("replayed", "structure"), ("fitted", "cost model")):
         misses = target_misses(res, twin)
@@ -176,12 +192,18 @@ def findings(res: Mapping[str, Any]) -> list[str]:
             out.append(f"{twin}: every target met (p50 within {t50:.0%}, p99 within {t99:.0%}).")
             continue
         base = "measured" if twin == "replayed" else "replayed"
-        worst = max(seg, key=lambda r: abs(r[twin] - r[base]))
-        delta = 1e3 * (worst[twin] - worst[base])
-        out.append(
-            f"{twin}: outside p50 {t50:.0%} / p99 {t99:.0%} for {', '.join(misses)}. The "
-            f"{what}'s largest difference is in '{worst['segment']}' ({delta:+.3f} ms per "
-            f"request, {base} {1e3 * worst[base]:.3f} ms).")
+        where = []
+        for m in METRICS:
+            if not any(x.startswith(m.upper() + " ") for x in misses):
+                continue
+            path = [seg[name] for name in PATH_OF[m] if name in seg]
+            worst = max(path, key=lambda r: abs(r[twin] - r[base]))
+            where.append(f"{m.upper()}: '{worst['segment']}' "
+                         f"{1e3 * (worst[twin] - worst[base]):+.3f} ms per request "
+                         f"({base} {1e3 * worst[base]:.3f} ms)")
+        out.append(f"{twin}: outside p50 {t50:.0%} / p99 {t99:.0%} for {', '.join(misses)}. "
+                   f"The {what}'s largest difference on each missed metric's path — "
+                   + "; ".join(where) + ".")
     own = res.get("step_model_on_run") or {}
     if own.get("total_rel_err") is not None:
         out.append(f"The fitted step model on this run's own {own['num_steps']} measured steps: "
