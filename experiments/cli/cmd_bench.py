@@ -142,8 +142,10 @@ def _bench_serve(args: argparse.Namespace) -> int:
     date = datetime.now().strftime("%Y%m%d-%H%M%S")
     ramp = None
     if workload_cfg.ramp_up_strategy is not None:
-        ramp = (workload_cfg.ramp_up_strategy, workload_cfg.ramp_up_start_rps,
-                workload_cfg.ramp_up_end_rps)
+        # vllm's flags are integers: whole rates are written as such
+        start, end = (int(r) if float(r).is_integer() else r for r in (
+            workload_cfg.ramp_up_start_rps, workload_cfg.ramp_up_end_rps))
+        ramp = (workload_cfg.ramp_up_strategy, start, end)
     model_id = args.model or str(record.meta["model_id"])
     header = ResultHeader(
         date=date, backend=args.backend, label=args.label, model_id=model_id,
@@ -154,7 +156,7 @@ def _bench_serve(args: argparse.Namespace) -> int:
         header, record.outputs, record.end_s - record.start_s,
         percentile_metrics=bench_metrics, percentiles=options.percentiles,
         goodput=options.goodput or {}, detailed=args.save_detailed,
-        rps_change_events=[])
+        rps_change_events=_rps_change_events(workload_cfg, record))
     print(format_result(result))
     if args.save_result or args.append_result:
         path = _result_path(args, model_id, args.label, date)
@@ -165,6 +167,31 @@ def _bench_serve(args: argparse.Namespace) -> int:
         print(f"result: {path}", file=sys.stderr)
     _write_run_dir(out_dir, record, args, options)
     return 0
+
+
+def _rps_change_events(workload_cfg: Any, record: Any) -> list[dict[str, Any]]:
+    """vllm bench's ``rps_change_events`` of a ramp-up: each whole request rate reached, with
+    the wall-clock time (ISO) its first request at that rate was sent."""
+    if workload_cfg.ramp_up_strategy is None:
+        return []
+    import time
+
+    from experiments.loadgen.connection import clock
+    from workload.arrivals import ramp_up_rates
+
+    to_wall = time.time() - clock()
+    rates = ramp_up_rates(len(record.requests), workload_cfg.ramp_up_strategy,
+                          workload_cfg.ramp_up_start_rps, workload_cfg.ramp_up_end_rps)
+    last = int(workload_cfg.ramp_up_start_rps)
+    events = [{"rps": last, "timestamp": datetime.fromtimestamp(
+        record.start_s + to_wall).isoformat()}]
+    for rate, request in zip(rates, record.requests, strict=True):
+        if int(rate) > last:
+            stamp = datetime.fromtimestamp(record.start_s + request.send_time_s
+                                           + to_wall).isoformat()
+            events += [{"rps": r, "timestamp": stamp} for r in range(last + 1, int(rate) + 1)]
+            last = int(rate)
+    return events
 
 
 def _plain(value: Any) -> Any:
