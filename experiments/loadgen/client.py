@@ -73,7 +73,7 @@ class RequestSpec:
     endpoint: Endpoint
     api_path: str  # e.g. /v1/completions
     api: str  # "completions" or "chat"
-    model: str  # the name sent as "model"
+    model: str | None  # the name sent as "model" (None: none sent, the server's only one)
     ignore_eos: bool = False
     logprobs: int | None = None
     continuous_usage: bool = False  # ask for usage on every chunk (tokens per chunk, exactly)
@@ -96,6 +96,8 @@ class RequestSpec:
             body = {"model": self.model, "prompt": request.prompt, "repetition_penalty": 1.0,
                     "max_tokens": request.output_len, "logprobs": self.logprobs,
                     "stream": True, "stream_options": stream_options}
+        if self.model is None:
+            del body["model"]
         if self.ignore_eos:
             body["ignore_eos"] = True
         body.update(self.extra_body)

@@ -118,8 +118,31 @@ def test_chat_backend_and_sharegpt(served, tiny_model: Path, tmp_path: Path,
     capsys.readouterr()
 
 
+def test_ramp_up_sends_the_simulated_arrivals_and_logs_rate_changes(
+        served, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    server, _ = served
+    flags = ["--dataset-name", "random", "--random-input-len", "16", "--random-output-len", "2",
+             "--num-prompts", "12", "--ramp-up-strategy", "linear", "--ramp-up-start-rps", "20",
+             "--ramp-up-end-rps", "24", "--seed", "1"]
+    assert main(["bench", "serve", "--base-url", server.url, *flags, "--save-result",
+                 "--save-detailed", "--result-filename", str(tmp_path / "r.json"), "--out",
+                 str(tmp_path / "run"), "--no-plots", "--disable-tqdm"]) == 0
+    capsys.readouterr()
+    result = read_result(tmp_path / "r.json")
+    assert (result["ramp_up_strategy"], result["ramp_up_start_rps"],
+            result["ramp_up_end_rps"]) == ("linear", 20.0, 24.0)
+    assert [e["rps"] for e in result["rps_change_events"]] == [20, 21, 22, 23, 24]
+    w = build_workload(WorkloadConfig(dataset_name="random", random_input_len=16,
+                                      random_output_len=2, num_prompts=12, seed=1,
+                                      ramp_up_strategy="linear", ramp_up_start_rps=20.0,
+                                      ramp_up_end_rps=24.0))
+    sends = np.array(result["start_times"]) - result["start_times"][0]
+    assert np.abs(sends - (w.send_time_s - w.send_time_s[0])).max() < 0.05
+
+
 def test_join_with_the_server_records_after_shutdown(served, tiny_model: Path, tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Stops the module's server: the last test that uses it."""
     server, record_dir = served
     run = tmp_path / "run"
     assert main(["bench", "serve", "--base-url", server.url, "--model", str(tiny_model),
@@ -151,28 +174,6 @@ def test_join_with_the_server_records_after_shutdown(served, tiny_model: Path, t
     assert main(["compare", str(run), str(sim), "--out", str(tmp_path / "cmp"),
                  "--no-plots"]) == 0
     capsys.readouterr()
-
-
-def test_ramp_up_sends_the_simulated_arrivals_and_logs_rate_changes(
-        served, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    server, _ = served
-    flags = ["--dataset-name", "random", "--random-input-len", "16", "--random-output-len", "2",
-             "--num-prompts", "12", "--ramp-up-strategy", "linear", "--ramp-up-start-rps", "20",
-             "--ramp-up-end-rps", "24", "--seed", "1"]
-    assert main(["bench", "serve", "--base-url", server.url, *flags, "--save-result",
-                 "--save-detailed", "--result-filename", str(tmp_path / "r.json"), "--out",
-                 str(tmp_path / "run"), "--no-plots", "--disable-tqdm"]) == 0
-    capsys.readouterr()
-    result = read_result(tmp_path / "r.json")
-    assert (result["ramp_up_strategy"], result["ramp_up_start_rps"],
-            result["ramp_up_end_rps"]) == ("linear", 20.0, 24.0)
-    assert [e["rps"] for e in result["rps_change_events"]] == [20, 21, 22, 23, 24]
-    w = build_workload(WorkloadConfig(dataset_name="random", random_input_len=16,
-                                      random_output_len=2, num_prompts=12, seed=1,
-                                      ramp_up_strategy="linear", ramp_up_start_rps=20.0,
-                                      ramp_up_end_rps=24.0))
-    sends = np.array(result["start_times"]) - result["start_times"][0]
-    assert np.abs(sends - (w.send_time_s - w.send_time_s[0])).max() < 0.05
 
 
 def test_bench_serve_against_the_emulation_mode(tmp_path: Path,
