@@ -35,8 +35,8 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
-from engine.core.events import STEP_COLUMNS, EventLog
 from engine.core.errors import UserError
+from engine.core.events import STEP_COLUMNS, EventLog
 from engine.output_dir import OutputDir, read_manifest, verify_files
 from engine.paths import input_dir
 from reports.errors import ReportError

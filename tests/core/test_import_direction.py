@@ -6,8 +6,9 @@
   ``numpy.random`` outside a seeded ``default_rng(seed)``, ``os.urandom``, ``uuid4``, ``secrets``).
 * ``workload`` (the request streams both worlds serve) imports only ``workload``, two leaf
   modules of the core (``engine.core.config``'s field checks, ``engine.core.errors``) and
-  ``engine.paths`` (user-given files); besides the standard library only numpy. Both worlds
-  import it: ``sim`` and the real-run driver.
+  ``engine.paths`` (user-given files); besides the standard library only numpy, and
+  ``tokenizers`` (a leaf library: ShareGPT files are counted in tokens, imported only when one
+  is read). Both worlds import it: ``sim`` and the real-run driver.
 * ``sim`` imports only ``engine.core`` and ``workload`` of ours (and ``engine.compiled``, the
   compiled-build guard its package runs first, and the file helpers ``engine.paths`` /
   ``engine.output_dir``); never torch/triton, engine.worker, engine.serve or kernels.
@@ -58,7 +59,7 @@ RULES: dict[str, Rule] = {
     "engine/core": Rule(ours=("engine.core",), third_party=("numpy",), clock_free=True),
     "workload": Rule(
         ours=("workload", "engine.core.config", "engine.core.errors", "engine.paths"),
-        third_party=("numpy",),
+        third_party=("numpy", "tokenizers"),
     ),
     "sim": Rule(
         ours=("sim", "engine.core", "engine.compiled", "workload", "engine.paths",

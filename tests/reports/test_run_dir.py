@@ -175,7 +175,7 @@ def test_a_damaged_run_directory_is_named_not_a_traceback(run_dir, tmp_path, how
     d = tmp_path / "copy"
     shutil.copytree(run_dir[0], d)
     _damage(d, how)
-    with pytest.raises(ReportError, match="manifest|incomplete"):
+    with pytest.raises(ReportError, match=r"manifest|incomplete"):
         rebuild_report(d, plots=False)
     if how != "table is a directory":
         _restamp(d)
