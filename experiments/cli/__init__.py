@@ -117,6 +117,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     status = session.finish(status)
     if argv is not None:  # called in-process (tests): leave the caller's streams alone
         session.restore()
+    elif session.interrupted is not None:
+        # everything the command started has been stopped and its half-written output
+        # removed (the finally blocks ran); exit now rather than let the interpreter join
+        # threads still waiting on work that was cancelled (plan's probe threads)
+        os._exit(status)
     return status
 
 

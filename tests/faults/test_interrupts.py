@@ -182,3 +182,14 @@ def test_plan_killed_then_rerun(refs: dict[str, Path], tmp_path: Path, sig: int)
         _check_results(tmp_path / "o", "plan", "plan.csv", refs["plan"])
     assert _main_in(tmp_path, [*PLAN, "--out", "o"]) == 0
     assert _check_results(tmp_path / "o", "plan", "plan.csv", refs["plan"]) == "complete"
+
+
+def test_ctrl_c_stops_a_plan_mid_probe(tmp_path: Path) -> None:
+    """Ctrl-C while probe threads wait on pool workers: out within seconds, no orphans (the
+    interpreter must not join threads waiting on cancelled work)."""
+    slow = [*PLAN[:PLAN.index("--num-prompts") + 1], "2000",
+            *PLAN[PLAN.index("--num-prompts") + 2:]]
+    done = run_cli([*slow, "--out", "o"], tmp_path, sig=signal.SIGINT, after_s=2.5,
+                   to_group=True)
+    _ok_status(done, signal.SIGINT)
+    assert done.rc == 128 + signal.SIGINT, done.stderr[-2000:]
