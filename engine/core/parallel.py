@@ -74,6 +74,22 @@ class ParallelConfig:
             )
 
 
+def check_device_count(num_ranks: int, num_devices: int, kind: str = "GPU") -> None:
+    """Refuse a layout with more ranks than the machine has devices (one device per rank)."""
+    if num_ranks > num_devices:
+        raise ConfigError(
+            f"the layout needs {num_ranks} {kind}s (one per rank: TP × PP × DP) but this "
+            f"machine has {num_devices}; lower tensor/pipeline/data_parallel_size"
+        )
+
+
+def worker_process_name(parallel: ParallelConfig, pp_rank: int, tp_rank: int) -> str:
+    """vLLM's name of a worker process: ``Worker_TPt``, with the stage first when PP > 1."""
+    if parallel.pipeline_parallel_size > 1:
+        return f"Worker_PP{pp_rank}_TP{tp_rank}"
+    return f"Worker_TP{tp_rank}"
+
+
 def pp_layer_partition(num_layers: int, pipeline_parallel_size: int) -> tuple[int, ...]:
     """Decoder layers of each stage, as vLLM's ``get_pp_indices``: equal shares, and the
     remainder one each to the stages just before the last (the last stage also holds the final

@@ -28,6 +28,7 @@ from typing import Literal
 
 from engine.core.config import ConfigError
 from engine.core.parallel import ParallelConfig
+from engine.core.parallel import worker_process_name as worker_name
 
 DeviceKind = Literal["cuda", "cpu"]
 ExecutorBackend = Literal["uni", "mp"]
@@ -84,13 +85,6 @@ def engine_name(dp_rank: int) -> str:
 
 def api_server_name(index: int) -> str:
     return f"APIServer_{index}"
-
-
-def worker_name(parallel: ParallelConfig, pp_rank: int, tp_rank: int) -> str:
-    """vLLM's worker process name: ``Worker_TPt``, with the stage first when PP > 1."""
-    if parallel.pipeline_parallel_size > 1:
-        return f"Worker_PP{pp_rank}_TP{tp_rank}"
-    return f"Worker_TP{tp_rank}"
 
 
 def default_executor_backend(parallel: ParallelConfig) -> ExecutorBackend:
