@@ -44,9 +44,10 @@ def _explain_step(cfg: Any, spec: str) -> int:
     model = make_cost_model(cfg, engine)
     weights = "fp8" if cfg.fp8_weights else "bf16"
     kv = "fp8" if cfg.fp8_kv_cache else "bf16"
+    tp, pp = cfg.tensor_parallel_size, cfg.pipeline_parallel_size
+    layout = f"TP {tp}" if pp == 1 else f"TP {tp} × PP {pp}"
     title = (f"step cost ({cfg.resolved_cost_model} cost model) — {cfg.model_spec.name}, "
-             f"{cfg.tensor_parallel_size} × {cfg.gpu} (TP {cfg.tensor_parallel_size}), "
-             f"{weights} weights, {kv} KV")
+             f"{tp * pp} × {cfg.gpu} ({layout}), {weights} weights, {kv} KV")
     print(format_explanation(model, shape, title))
     return 0
 

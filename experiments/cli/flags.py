@@ -33,6 +33,12 @@ def add_sim_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--gpu", help="catalog GPU: h100-sxm, h200-sxm, a100-80gb")
     g.add_argument("--tensor-parallel-size", "-tp", type=int)
     g.add_argument("--data-parallel-size", "-dp", type=int, help="engine replicas")
+    g.add_argument("--pipeline-parallel-size", "-pp", type=int,
+                   help="pipeline stages per replica (one batch in flight per stage)")
+    g.add_argument("--gpus-per-node", type=int,
+                   help="GPUs per node (8): pipeline hops beyond a node cross the network")
+    g.add_argument("--network", help="fabric between nodes: infiniband-ndr (default), "
+                   "infiniband-hdr, roce-400, ethernet-100")
     g.add_argument("--router", help="replica router: vllm (default), round_robin, "
                    "least_outstanding, least_kv, prefix_aware")
     g.add_argument("--router-load-cap", type=int,
