@@ -132,7 +132,7 @@ class SimConfig:
     pipeline_parallel_size: int = 1  # stages each replica's layers are split over
     gpus_per_node: int = 8  # GPUs of one node: TP stays inside, PP/DP hops may cross nodes
     network: str = "infiniband-ndr"  # the fabric between nodes (sim/network.py)
-    router: str = "vllm"  # how requests pick a replica (sim/cluster.py)
+    router: str = "vllm"  # how requests pick a replica (engine/core/routing.py)
     router_load_cap: int = 8  # prefix_aware: max extra in-flight requests for a better hit
     fast_path: bool = True  # exact bulk application of identical decode steps
 
@@ -160,7 +160,7 @@ class SimConfig:
                 f"data_parallel_size must be in [1, {MAX_DATA_PARALLEL}] (one simulated engine "
                 f"each), got {self.data_parallel_size}"
             )
-        from sim.cluster import ROUTERS
+        from engine.core.routing import ROUTERS
 
         if self.router not in ROUTERS:
             raise ConfigError(f"unknown router {self.router!r}; valid: {', '.join(ROUTERS)}")

@@ -38,7 +38,7 @@ from engine.core.hashing import PrecomputedBlockHasher
 from engine.core.interfaces import CostModel
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.request import Request, SamplingParams
-from sim.cluster import ReplicaView, Router, make_router
+from engine.core.routing import ReplicaView, Router, make_router
 from sim.config import SimConfig, resolve_engine_config
 from sim.models import ModelSpec
 from sim.replica import STEP_ID_STRIDE, EngineReplica

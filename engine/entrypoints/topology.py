@@ -209,4 +209,6 @@ def format_topology(topo: Topology) -> str:
     lines += ["", "links:"]
     for link in topo.links:
         lines.append(f"  {link.transport}: {link.ends} — {link.carries}")
+    lines += ["", "(the launcher also runs Python's multiprocessing resource tracker, as every "
+              "process that spawns others does)"]
     return "\n".join(lines)
