@@ -18,8 +18,9 @@ once, so stage 0 starts batch N+1 while stage 1 runs batch N; results come back 
 (every rank runs the steps in the order it received them).
 
 Workers are forked, as vLLM's are (a fork shares the loaded torch; spawning each would import
-it again), unless CUDA is already initialised here, where forking is unsafe and they are
-spawned; ``TWINSERVE_WORKER_MULTIPROC_METHOD`` (fork or spawn) overrides the choice.
+it again), unless forking is unsafe here — CUDA initialised, or torch running multi-threaded
+on the CPU (``start_method``) — and they are spawned; ``TWINSERVE_WORKER_MULTIPROC_METHOD``
+(fork or spawn) overrides the choice.
 
 Failures: a worker that reports an error, or dies, stops the replica — every worker is killed
 and the error is raised in the EngineCore (``UserError`` for bad input such as a checkpoint that
@@ -83,13 +84,19 @@ class _Worker:
 
 
 def start_method() -> str:
-    """vLLM's rule: fork unless CUDA is initialised in this process (the env var overrides)."""
+    """Fork when it is safe, else spawn (``TWINSERVE_WORKER_MULTIPROC_METHOD`` overrides).
+
+    vLLM forks unless CUDA is initialised in this process. On CPU there is a second hazard:
+    a process whose torch already ran multi-threaded kernels has an OpenMP thread team that a
+    forked child inherits half-made (its first parallel kernel waits forever), so this
+    process must also run torch single-threaded (the server's EngineCore does)."""
     chosen = os.environ.get("TWINSERVE_WORKER_MULTIPROC_METHOD")
     if chosen in ("fork", "spawn"):
         return chosen
     import torch
 
-    if torch.cuda.is_initialized() or "fork" not in mp.get_all_start_methods():
+    if (torch.cuda.is_initialized() or "fork" not in mp.get_all_start_methods()
+            or torch.get_num_threads() > 1):
         return "spawn"
     return "fork"
 
@@ -126,6 +133,7 @@ class MultiprocExecutor:
     ) -> None:
         self.config = config
         self.parallel = parallel
+        self.block_size = block_size
         self.clock = clock
         self.model_config = load_model_config(config.model)
         mc = self.model_config
