@@ -8,7 +8,12 @@ import sys
 import pytest
 
 from engine.core.config import ConfigError
-from engine.core.parallel import ParallelConfig, pp_layer_partition, pp_layer_range
+from engine.core.parallel import (
+    ParallelConfig,
+    check_device_count,
+    pp_layer_partition,
+    pp_layer_range,
+)
 from engine.entrypoints.topology import (
     API_SERVER,
     DP_COORDINATOR,
@@ -42,6 +47,11 @@ def test_bad_layouts_are_one_clear_error_each() -> None:
     with pytest.raises(ConfigError, match="data_parallel_size must be an integer"):
         ParallelConfig(data_parallel_size=0)
     ParallelConfig(tensor_parallel_size=8).check_model(32, 4, 2)  # KV heads replicated
+    with pytest.raises(ConfigError, match=r"needs 8 GPUs \(one per rank: TP × PP × DP\) but "
+                       r"this machine has 1"):
+        check_device_count(ParallelConfig(tensor_parallel_size=2, data_parallel_size=4)
+                           .num_devices, 1)
+    check_device_count(8, 8)
 
 
 def test_tp4_is_six_processes() -> None:
