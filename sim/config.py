@@ -226,13 +226,9 @@ class SimConfig:
                 "a fitted cost model prices whole steps of the layout it was profiled on; "
                 "pipeline_parallel_size > 1 needs cost_model vllm, roofline or auto"
             )
-        if self.pipeline_parallel_size > 1 and not self.uses_catalog_labels_only:
+        if not self.uses_catalog_labels_only:
             m = get_model(self.model)
-            if self.pipeline_parallel_size > m.num_layers:
-                raise ConfigError(
-                    f"pipeline_parallel_size {self.pipeline_parallel_size} exceeds {m.name}'s "
-                    f"{m.num_layers} decoder layers (every stage needs at least one)"
-                )
+            self.parallel.check_model(m.num_heads, m.num_kv_heads, m.num_layers, m.name)
 
     @property
     def parallel(self) -> ParallelConfig:

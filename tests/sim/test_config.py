@@ -96,6 +96,9 @@ def test_dict_round_trip_and_unknown_keys() -> None:
         (["--num-gpu-blocks-override", "0"], "num_gpu_blocks must be >= 2"),
         (["--num-gpu-blocks-override", str(10**12)], "num_gpu_blocks must be <= 100,000,000"),
         (["-dp", "10000"], r"data_parallel_size must be in \[1, 1024\]"),
+        # the layout rules the real engine applies (engine/core/parallel.py), same messages
+        (["-tp", "3"], r"tensor_parallel_size 3 does not divide .*'s 32 attention heads"),
+        (["-pp", "33"], r"pipeline_parallel_size 33 exceeds .*'s 32 decoder layers"),
         (["--api-server-count", str(10**20)], r"num_api_servers must be in \[1, 100,000\]"),
         # arrival times that overflow (or nearly) would hang the run or fake a rate-inf one
         (["--dataset-name", "random", "--request-rate", "1e-300"],
