@@ -1,5 +1,6 @@
 """``twinserve serve -tp 2 -dp 2 --api-server-count 2`` on CPU: the live process tree is the one
-``twinserve topology`` plans, both engines serve, and SIGTERM stops every process."""
+``twinserve topology`` plans, both engines serve, and SIGTERM stops every process; the same
+with DP 2 of emulated engines (the simulator's cost model behind the same server)."""
 
 from __future__ import annotations
 
@@ -73,6 +74,27 @@ def test_tp2_dp2_serves_through_both_engines_and_stops_everything(tiny_model: Pa
         generated = _generated_by_engine(server)
         assert set(generated) == {"0", "1"} and all(v > 0 for v in generated.values()), \
             generated
+    finally:
+        status = stop_and_check(server)
+    assert status == 0, server.output
+
+
+def test_emulated_dp2_serves_through_both_engines_and_stops_everything() -> None:
+    model = "meta-llama/Llama-3.1-8B"
+    server = ServerProcess("--emulate", "--model", model, "-dp", "2", "--api-server-count", "1",
+                           "--router", "round_robin")
+    try:
+        planned = plan_topology(ParallelConfig(data_parallel_size=2), api_server_count=1)
+        assert len(planned.processes) == 4  # API server, 2 EngineCores, DP coordinator
+        assert _live_tree(server) == Counter((p.name, p.parent) for p in planned.processes)
+
+        client = OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+        for _ in range(4):
+            reply = client.completions.create(model=model, prompt=[5, 6, 7, 8], max_tokens=5,
+                                              temperature=0.0)
+            assert reply.usage is not None and reply.usage.completion_tokens == 5
+        # one API server routing round robin: each engine served two of the four requests
+        assert _generated_by_engine(server) == {"0": 10.0, "1": 10.0}
     finally:
         status = stop_and_check(server)
     assert status == 0, server.output
