@@ -237,3 +237,12 @@ def test_labels_outside_the_catalogs_need_a_fitted_model_and_explicit_kv() -> No
     assert (e.cache.num_gpu_blocks, e.scheduler.max_model_len) == (64, 512)
     with pytest.raises(UserError, match=r"unknown model ./ckpt/tiny."):
         SimConfig(model="/ckpt/tiny", gpu="cpu", num_gpu_blocks=64, max_model_len=512)
+
+
+def test_list_networks_shows_the_catalog(capsys: pytest.CaptureFixture[str]) -> None:
+    from sim.network import NETWORKS
+
+    assert main(["simulate", "--list-networks"]) == 0
+    rows = capsys.readouterr().out.splitlines()[1:]
+    assert [row.split()[0] for row in rows] == list(NETWORKS)
+    assert rows[0].split()[1:3] == ["400.0", "12"]  # InfiniBand NDR: Gb/s per GPU, µs
