@@ -109,3 +109,24 @@ def test_topology_command_prints_the_counts() -> None:
     assert bad.stderr.strip().splitlines() == [
         "twinserve: error: the uniprocess executor runs one rank; TP × PP = 2 needs the "
         "multiprocess executor (mp)"]
+
+
+def test_serve_refuses_more_ranks_than_gpus_before_starting(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    import torch
+
+    from engine.worker.tiny_model import TinyModelSpec, make_tiny_model
+    from experiments.cli import main
+
+    model = make_tiny_model(tmp_path_factory.mktemp("tiny"), TinyModelSpec(arch="llama"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a machine of 2 GPUs
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    code = main(["serve", "--model", str(model), "--device", "cuda", "--port", "0",
+                 "-tp", "2", "-dp", "2"])
+    assert code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "twinserve: error: the layout needs 4 GPUs (one per rank: TP × PP × DP) but this "
+        "machine has 2; lower tensor/pipeline/data_parallel_size"]
