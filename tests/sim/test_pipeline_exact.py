@@ -74,6 +74,24 @@ def test_two_stage_pipeline_overlaps_two_micro_batches() -> None:
     assert not r.engine_config.scheduler.async_scheduling
 
 
+def test_one_request_leaves_a_bubble_in_each_stage() -> None:
+    # Alone, a request has one micro-batch in flight: its decode (5.5 ms a stage) runs on stage 0,
+    # is sent (1 ms), runs on stage 1, and only then can its next token be scheduled. Each
+    # stage works 5.5 ms of every 12 ms (a bubble of 6.5 ms): tokens at 22.5, 34.5, 46.5 ms.
+    cfg = SimConfig(
+        engine=EngineKnobs(max_num_batched_tokens=10, max_num_seqs=2),
+        frontend=SIMPLE_FRONTEND, num_gpu_blocks=1000, max_model_len=4096,
+        pipeline_parallel_size=2,
+    )
+    r = SimRuntime(cfg, workload=workload([0.0], [10], [3]), cost_model=TwoStages()).run()
+    tokens = [e[2] for e in events(r) if e[1] == "TOKEN"]
+    assert tokens == [0.0225, 0.0345, 0.0465]
+    steps = r.event_log.steps_columns()
+    spans = [(round(s, 9), round(e, 9)) for s, e, n in zip(
+        steps["execute_start_s"], steps["execute_end_s"], steps["num_tokens"], strict=True) if n]
+    assert spans == [(0.0015, 0.0225), (0.0225, 0.0345), (0.0345, 0.0465)]
+
+
 def _shape(tokens: int, sampling: int) -> BatchShape:
     return BatchShape(sampling, tokens, (), (), sampling, 1000 * sampling, 1000, sampling)
 
