@@ -35,17 +35,13 @@ from engine.core.hashing import TokenBlockHasher
 from engine.core.parallel import ParallelConfig, check_device_count
 from engine.core.request import Request, SamplingParams
 from engine.serve.engine_loop import EngineLoop
-from engine.serve.frontend import (
-    PromptError,
-    Tokenizer,
-    generation_eos_token_ids,
-    validate_prompt,
-)
+from engine.serve.frontend import Tokenizer, generation_eos_token_ids
 from engine.serve.output_processor import OutputProcessor, RequestOutput
 from engine.worker.config import LoadFormat, WorkerConfig
 from engine.worker.executor import TorchExecutor
 from engine.worker.loader import resolve_device
 from engine.worker.model_config import ModelConfig, load_model_config
+from workload.admission import PromptError, validate_prompt
 
 if TYPE_CHECKING:
     from engine.worker.multiproc_executor import MultiprocExecutor

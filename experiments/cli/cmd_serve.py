@@ -20,7 +20,7 @@ from typing import Any
 from engine.core.errors import UserError
 from engine.core.events import EventKind
 from experiments.cli.cmd_topology import add_layout_flags
-from experiments.cli.flags import byte_size
+from experiments.cli.flags import add_run_dir_flags, byte_size
 
 #: The text whose tokens an emulated device cycles through as its outputs.
 EMULATED_OUTPUT_TEXT = (
@@ -33,7 +33,8 @@ EMULATED_TOKENIZER_VOCAB = 512
 
 #: Engine flags of the real engine only / of the emulated one only (dest names).
 REAL_ONLY = ("dtype", "device", "kv_cache_memory", "load_format", "attention_backend",
-             "cpu_threads", "pipeline_parallel_size", "distributed_executor_backend")
+             "cpu_threads", "engine_cpus", "profile_out", "profile_grid", "step_shapes_out",
+             "pipeline_parallel_size", "distributed_executor_backend")
 EMULATED_ONLY = ("gpu", "cost_model")
 
 
@@ -127,6 +128,37 @@ def _check_devices(engine_args: Any, data_parallel_size: int) -> None:
     check_device_count(ranks + (device.index or 0), torch.cuda.device_count())
 
 
+def _cpu_list(text: str) -> tuple[int, ...]:
+    """``0``, ``0,2`` or ``0-3`` → CPU numbers."""
+    cpus: list[int] = []
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.strip().partition("-")
+            cpus += list(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected CPU numbers like 0, 0,2 or 0-3, got {text!r}") from None
+    return tuple(sorted(set(cpus)))
+
+
+def _real_factory(args: argparse.Namespace, engine_args: Any, threads: int) -> Any:
+    """The checkpoint's engine; profiled in place, recorded step by step or pinned when asked
+    (``twinserve validate`` asks: ``experiments.validation.served_engine``)."""
+    from experiments.serve.engines import RealEngineFactory
+
+    if not (args.profile_out or args.step_shapes_out or args.engine_cpus):
+        return RealEngineFactory(engine_args, threads)
+    from experiments.validation.served_engine import ProfiledEngineFactory, ProfileRequest
+
+    if args.engine_cpus and not set(args.engine_cpus) <= os.sched_getaffinity(0):
+        raise UserError(f"--engine-cpus {','.join(map(str, args.engine_cpus))}: this process "
+                        f"may run on CPUs {sorted(os.sched_getaffinity(0))} only")
+    profile = (ProfileRequest(args.profile_out, args.profile_grid or "full")
+               if args.profile_out else None)
+    return ProfiledEngineFactory(engine_args, threads, args.engine_cpus or None, profile,
+                                 args.step_shapes_out)
+
+
 def _emulated_tokenizer(args: argparse.Namespace, workdir: Path) -> str:
     """The emulated model's tokenizer directory: ``--tokenizer``, or a built-in one."""
     if args.tokenizer is not None:
@@ -160,6 +192,11 @@ def _serve(args: argparse.Namespace) -> int:
     if args.record_dir is not None and dp > 1:
         raise UserError("--record-dir records one engine; with --data-parallel-size > 1 it "
                         "is not supported yet")
+    per_engine = [f for f in ("profile_out", "step_shapes_out", "engine_cpus")
+                  if getattr(args, f, None)]
+    if per_engine and dp > 1:
+        raise UserError(f"{_flag(per_engine[0])} profiles or pins one engine; with "
+                        "--data-parallel-size > 1 it is not supported yet")
     api_key = args.api_key or os.environ.get("TWINSERVE_API_KEY") or None
     options = None
     if args.record_dir is not None:
@@ -182,7 +219,6 @@ def _serve(args: argparse.Namespace) -> int:
         else:
             from engine.serve.frontend import Tokenizer
             from engine.worker.model_config import load_model_config
-            from experiments.serve.engines import RealEngineFactory
 
             engine_args = _engine_args(args)
             model_config = load_model_config(args.model)
@@ -195,7 +231,7 @@ def _serve(args: argparse.Namespace) -> int:
             if not Tokenizer.has_tokenizer(tokenizer_dir):
                 tokenizer_dir = None
             threads = 1 if args.cpu_threads is None else args.cpu_threads
-            factory = RealEngineFactory(engine_args, threads)
+            factory = _real_factory(args, engine_args, threads)
             engine_config = None
             engine_meta = {
                 "engine_args": {k: getattr(engine_args, k)
@@ -319,20 +355,22 @@ def register(sub: Any) -> None:
     g.add_argument("--cpu-threads", type=int,
                    help="torch CPU threads of the EngineCore (default 1: steadier steps beside "
                    "the API servers on small machines; 0 = torch's default)")
+    g.add_argument("--engine-cpus", type=_cpu_list,
+                   help="pin the EngineCore process (and its threads) to these CPUs, e.g. 0")
+    g.add_argument("--profile-out", help="before serving, profile the engine's step grid, "
+                   "wake-up and speed probes inside the EngineCore process into this profile "
+                   "CSV (with .meta.json; twinserve validate does)")
+    g.add_argument("--profile-grid", choices=["full", "quick", "gpu"],
+                   help="the grid of --profile-out (full)")
+    g.add_argument("--step-shapes-out", help="at shutdown, write every served step's batch "
+                   "shape and measured time to this CSV")
     g = p.add_argument_group("emulation (the simulator's cost model on the real clock)")
     g.add_argument("--emulate", action="store_true",
                    help="emulate --model (a catalog name) on --gpu with -tp GPUs")
     g.add_argument("--gpu", help="catalog GPU (h100-sxm, h200-sxm, a100-80gb; default h100-sxm)")
-    g.add_argument("--cost-model", help="roofline (default), fitted:PATH, fixed:SECONDS (every "
-                   "step takes that long) or zero (no time: the serving path's own latency)")
-    g = p.add_argument_group("the run directory (with --record-dir)")
-    g.add_argument("--no-plots", action="store_true", help="skip plot rendering")
-    g.add_argument("--goodput", nargs="+", metavar="KEY:MS",
-                   help="SLOs for goodput, e.g. ttft:500 tpot:50 e2el:10000 (ms)")
-    g.add_argument("--metric-percentiles", default="99",
-                   help="comma-separated percentiles to report (vllm bench's default: 99)")
-    g.add_argument("--percentile-metrics", default="ttft,tpot,itl",
-                   help="metrics to report percentiles for (ttft,tpot,itl,e2el)")
-    g.add_argument("--format", choices=["parquet", "csv"], default="parquet",
-                   help="table format in the run directory")
+    g.add_argument("--cost-model", help="auto (default: the vLLM step model where the GPU has "
+                   "measured kernel tables, else the roofline), vllm, roofline, fitted:PATH, "
+                   "fixed:SECONDS (every step takes that long) or zero (no time: the serving "
+                   "path's own latency)")
+    add_run_dir_flags(p.add_argument_group("the run directory (with --record-dir)"))
     p.set_defaults(func=_serve)
