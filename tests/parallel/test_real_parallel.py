@@ -100,3 +100,17 @@ def test_bad_layouts_fail_before_any_worker_starts(llama: Path) -> None:
         EngineArgs.from_kwargs(str(llama), pipeline_parallel_size=2, async_scheduling=True)
     with pytest.raises(ConfigError, match="needs the multiprocess executor"):
         EngineArgs(str(llama), tensor_parallel_size=2, distributed_executor_backend="uni")
+
+
+def test_generate_command_takes_the_layout(llama: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from experiments.cli import main
+
+    def generate(*layout: str) -> str:
+        argv = ["generate", "--model", str(llama), "--device", "cpu", "--json", "--max-tokens",
+                "6", "--prompt-token-ids", "5,6,7,8", "--prompt-token-ids", "9,10,11", *layout]
+        assert main(argv) == 0
+        return capsys.readouterr().out
+
+    one_rank = generate()
+    assert one_rank.count("\n") == 2
+    assert generate("-tp", "2", "-pp", "2") == one_rank
