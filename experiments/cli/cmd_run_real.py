@@ -39,7 +39,10 @@ def _run_real(args: argparse.Namespace) -> int:
         set_cpu_threads(args.cpu_threads)
         engine = engine_args.build()
         t0 = time.perf_counter()
-        result = run_real(engine, workload, seed=workload_cfg.seed)
+        try:
+            result = run_real(engine, workload, seed=workload_cfg.seed)
+        finally:
+            engine.executor.shutdown()  # stops the worker processes of a TP/PP layout
         meta = measured_run_meta(engine, workload_cfg, workload, result,
                                  time.perf_counter() - t0)
         run = FinishedRun(meta, result.event_log)
@@ -80,7 +83,7 @@ def register(sub: Any) -> None:
         help="serve a workload with the real engine in wall-clock time; writes a report",
         description=__doc__,
     )
-    add_engine_flags(p)
+    add_engine_flags(p, parallel=True)
     add_cpu_threads_flag(p)
     p.add_argument("--max-arrival-span", type=positive_float, default=3600.0, metavar="S",
                    help="refuse a workload whose arrivals span more than S seconds of wall "
