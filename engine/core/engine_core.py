@@ -8,7 +8,9 @@ step N's output is applied); ``finish_step(out, runner_out, now)`` applies it.
 
 The core never reads a clock: every method takes ``now``. It writes the request events of
 ARCHITECTURE.md §4 that happen inside the engine (enqueued, scheduled, preempted, tokens,
-finished) and one ``StepRecord`` per applied step.
+finished; rejected when the scheduling policy sheds a request) and one ``StepRecord`` per
+applied step. A shed request's final output (no tokens, finish reason "abort") comes with the
+next applied step's outputs, so every driver delivers it the way it delivers finishes.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from engine.core.bulk.run import BulkRun
 from engine.core.config import EngineConfig
 from engine.core.events import EventKind, EventLog, StepRecord
 from engine.core.outputs import EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
-from engine.core.request import Request, RequestStatus
+from engine.core.policy import SchedulingPolicy, StreamInfo
+from engine.core.request import FinishReason, Request, RequestStatus
 from engine.core.scheduler import Scheduler
 
 
@@ -50,15 +53,23 @@ class EngineCore:
         *,
         replica: int = 0,
         first_step_id: int = 0,
+        policy: SchedulingPolicy | None = None,
+        stream: StreamInfo | None = None,
     ) -> None:
+        """``policy``: the scheduling policy (default: the config's, built with what ``stream``
+        says of the requests to come; see ``Scheduler``)."""
         self.config = config
         self.replica = replica  # data-parallel rank (engines may share one event log)
-        self.scheduler = Scheduler(config, first_step_id=first_step_id)
+        self.scheduler = Scheduler(
+            config, first_step_id=first_step_id, policy=policy, stream=stream
+        )
         self.event_log = event_log if event_log is not None else EventLog()
         self.batch_queue_size = 2 if config.scheduler.async_scheduling else 1
         self._in_flight: deque[_InFlight] = deque()
         self._must_finish = False
         self._first_token_seen: set[str] = set()
+        self._shed: list[EngineCoreOutput] = []  # rejected by the policy, not yet returned
+        self.rejected_reasons: dict[str, str] = {}  # every request the policy shed: why
 
     # -- inputs ---------------------------------------------------------------------------------
     def add_request(self, request: Request, now: float) -> None:
@@ -85,7 +96,7 @@ class EngineCore:
         if not scheduler.has_requests():
             self._must_finish = bool(self._in_flight)
             return None
-        out = scheduler.schedule()
+        out = scheduler.schedule(now)
         self._in_flight.append(_InFlight(out, now))
         executed = out.total_num_scheduled_tokens > 0
         self._must_finish = not (
@@ -121,6 +132,9 @@ class EngineCore:
         flight = self._in_flight.popleft()
         outputs = self.scheduler.update_from_output(sched_out, runner_out)
         self._record_outputs(sched_out.step_id, outputs, now)
+        if self._shed:
+            outputs.extend(self._shed)
+            self._shed = []
         self._record_step(
             flight, outputs, now, execute_start_s, execute_end_s, runner_out.execute_time_s
         )
@@ -132,7 +146,7 @@ class EngineCore:
         ``engine/core/bulk``). A run starts with one batch in flight under async scheduling and
         with none otherwise."""
         in_flight = self._in_flight
-        if len(in_flight) != self.batch_queue_size - 1:
+        if len(in_flight) != self.batch_queue_size - 1 or self._shed:
             return None
         pending = in_flight[0].sched_out if in_flight else None
         return find_bulk_run(self.scheduler, pending, token_id)
@@ -220,6 +234,13 @@ class EngineCore:
                     log.record(req_id, EventKind.SCHEDULED, now, computed)
         for req_id in sorted(out.preempted_req_ids):
             log.record(req_id, EventKind.PREEMPTED, now)
+        if out.rejected:
+            self.rejected_reasons.update(out.rejected)
+            for req_id, reason in out.rejected.items():
+                log.record(req_id, EventKind.REJECTED, now, reason)
+                log.close_request(req_id)
+                self._first_token_seen.discard(req_id)
+                self._shed.append(EngineCoreOutput(req_id, [], FinishReason.ABORT))
 
     def _record_outputs(self, step_id: int, outputs: list[EngineCoreOutput], now: float) -> None:
         log = self.event_log
