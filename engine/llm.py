@@ -32,7 +32,9 @@ from engine.core.config import (
 from engine.core.engine_core import EngineCore
 from engine.core.events import EventKind
 from engine.core.hashing import TokenBlockHasher
+from engine.core.policy import StreamInfo
 from engine.core.request import Request, SamplingParams
+from engine.core.slo import SLOClass
 from engine.serve.engine_loop import EngineLoop
 from engine.serve.frontend import (
     PromptError,
@@ -102,8 +104,9 @@ class EngineArgs:
             attention_backend=self.attention_backend, seed=self.seed,
         )
 
-    def build(self) -> RealEngine:
-        """Load the model, size the KV cache and create the engine core."""
+    def build(self, stream: StreamInfo | None = None) -> RealEngine:
+        """Load the model, size the KV cache and create the engine core (its scheduling
+        policy built with what ``stream`` says of the requests to come)."""
         model_config = load_model_config(self.model)
         scheduler = self.scheduler_config(model_config)
         executor = TorchExecutor(self.worker_config(), scheduler, self.engine.block_size)
@@ -114,8 +117,8 @@ class EngineArgs:
         tokenizer = (
             Tokenizer.from_dir(tokenizer_dir) if Tokenizer.has_tokenizer(tokenizer_dir) else None
         )
-        return RealEngine(self, model_config, engine_config, EngineCore(engine_config),
-                          executor, tokenizer)
+        return RealEngine(self, model_config, engine_config,
+                          EngineCore(engine_config, stream=stream), executor, tokenizer, stream)
 
 
 class RealEngine:
@@ -129,8 +132,10 @@ class RealEngine:
         core: EngineCore,
         executor: TorchExecutor,
         tokenizer: Tokenizer | None,
+        stream: StreamInfo | None = None,
     ) -> None:
         self.args = args
+        self.stream = stream  # what the policy was told of the requests (``new_core``)
         self.model_config = model_config
         self.engine_config = engine_config
         self.core = core
@@ -147,6 +152,10 @@ class RealEngine:
             TokenBlockHasher(cache.block_size) if cache.enable_prefix_caching else None
         )
 
+    def new_core(self) -> EngineCore:
+        """A fresh engine core on this engine's config, with a fresh scheduling policy."""
+        return EngineCore(self.engine_config, stream=self.stream)
+
     def make_request(
         self,
         req_id: str,
@@ -154,6 +163,8 @@ class RealEngine:
         params: SamplingParams,
         arrival_time: float,
         priority: int = 0,
+        tenant: str = "",
+        slo: SLOClass | None = None,
     ) -> Request:
         """A validated core ``Request`` with the model's EOS and generation-config stop ids."""
         validate_prompt(
@@ -172,6 +183,8 @@ class RealEngine:
             priority=priority,
             eos_token_id=self.eos_token_id,
             block_hasher=self.block_hasher,
+            tenant=tenant,
+            slo=slo,
         )
 
 

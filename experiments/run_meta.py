@@ -69,6 +69,7 @@ def simulated_run_meta(result: SimResult) -> RunMeta:
         ),
         reject_reasons=result.reject_reasons,
         provenance=provenance(),
+        scheduling_policy=result.scheduling_policy,
     )
 
 
@@ -107,6 +108,7 @@ def measured_run_meta(
         ),
         reject_reasons=result.reject_reasons,
         provenance=provenance(),
+        scheduling_policy=result.scheduling_policy,
     )
 
 

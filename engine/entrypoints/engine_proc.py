@@ -45,6 +45,7 @@ from engine.core.errors import UserError
 from engine.core.events import EventLog
 from engine.core.interfaces import Executor
 from engine.core.outputs import EngineCoreOutput
+from engine.core.policy import StreamInfo
 from engine.core.request import Request, SamplingParams
 from engine.entrypoints.clock import run_clock
 from engine.entrypoints.engine_stats import EngineStatsTracker
@@ -68,6 +69,10 @@ logger = logging.getLogger("twinserve.engine")
 
 #: Events kept in memory before an idle engine that records nothing starts a fresh log.
 MAX_UNRECORDED_EVENTS = 1_000_000
+
+#: What a served engine's scheduling policy knows of its requests: nothing in advance, and
+#: they carry no SLO class (a policy that needs one is refused).
+SERVED_STREAM = StreamInfo(has_slos=False)
 
 
 class ServedEngine(Protocol):
@@ -124,7 +129,7 @@ class EngineCoreProc:
         self.cfg = cfg
         self.engine = engine
         self.clock = clock
-        self.core = EngineCore(engine.engine_config)
+        self.core = EngineCore(engine.engine_config, stream=SERVED_STREAM)
         self.loop = EngineLoop(self.core, engine.executor, clock)
         self.tracker = EngineStatsTracker(self.core.event_log)
         self.info = EngineInfo(
