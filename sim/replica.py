@@ -163,7 +163,8 @@ class EngineReplica:
         self.log.record_delivery(step_id, delivered)
         for o in outputs:
             if o.finish_reason is not None:
-                self.log.record(o.req_id, EventKind.DELIVERED, delivered)
+                if o.req_id not in self.core.rejected_reasons:  # (a shed one was REJECTED)
+                    self.log.record(o.req_id, EventKind.DELIVERED, delivered)
                 self._on_request_done(o.req_id, delivered)
 
     # -- bulk runs ------------------------------------------------------------------------------

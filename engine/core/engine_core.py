@@ -159,6 +159,7 @@ class EngineCore:
         timing.check_length(num_iterations)
         previous = self._in_flight[0] if run.is_async else None
         applied = apply_bulk_run(self.scheduler, run, num_iterations, token_id)
+        self.scheduler.note_bulk_schedules(timing.schedule_time_s[:num_iterations])
         if previous is not None:
             self._in_flight.popleft()
         if applied.last_scheduled is not None:

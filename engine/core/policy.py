@@ -31,9 +31,7 @@ import enum
 import importlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
-
-import numpy as np
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from engine.core.chunking import effective_long_prefill_threshold
 from engine.core.config import SchedulerConfig
@@ -41,6 +39,9 @@ from engine.core.errors import UserError
 from engine.core.policy_names import SHIPPED, check_policy_name
 from engine.core.queues import RequestQueue, create_request_queue
 from engine.core.request import Request
+
+if TYPE_CHECKING:
+    import numpy as np  # (not imported at run time: the core's imports stay light)
 
 #: A policy option's value (``--policy-option KEY=VALUE``, ``[engine.policy_options]``).
 Scalar = str | int | float | bool

@@ -20,7 +20,7 @@ structured output, KV connectors, hybrid models, LoRA, streaming sessions, DP pr
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Final
 
 from engine.core.chunking import admission_chunk, effective_long_prefill_threshold, running_chunk
@@ -201,6 +201,8 @@ class Scheduler:
         elif self.waiting:
             plan.blocker = AdmissionBlocker.PREEMPTION
         assert len(self.running) <= self.max_num_seqs
+        if custom is not None:  # a step with requests running: busy from here
+            self.busy_since = (now_s, self.num_steps) if self.running else None
         return self._finalize(plan)
 
     def _effective_long_prefill_threshold(self) -> int:
@@ -222,16 +224,7 @@ class Scheduler:
     def _begin_custom_step(self, policy: SchedulingPolicy, now_s: float) -> int:
         """A custom policy's step: note the clock (and the busy step time), put the running
         list in the policy's order, and return its prefill chunk limit."""
-        busy = self.busy_since
-        # busy throughout only if a request stayed running since then (admissions happen here)
-        if busy is not None and self.running and now_s > busy[0]:
-            interval = (now_s - busy[0]) / (self.num_steps - busy[1])
-            last = self.step_time_s
-            self.step_time_s = (
-                interval if last == 0.0 else last + STEP_TIME_WEIGHT * (interval - last)
-            )
-        self.now_s = now_s
-        self.busy_since = (now_s, self.num_steps) if self.running else None
+        self._note_clock(now_s, self.num_steps, bool(self.running))
         order = policy.order_running(self.running)
         if order is not None:
             running = self.running
@@ -242,6 +235,20 @@ class Scheduler:
                 )
             self.running = list(order)
         return policy.prefill_chunk_limit(len(self.running) + len(self.waiting))
+
+    def _note_clock(self, now_s: float, step: int, running: bool) -> None:
+        """The clock at schedule() call ``step``, and the step-time estimate: the time per
+        step since the last step that left requests running, if one still runs at this call
+        (``running``: the engine was busy throughout, since admissions happen only in
+        schedule()), smoothed."""
+        busy = self.busy_since
+        if busy is not None and running and now_s > busy[0]:
+            interval = (now_s - busy[0]) / (step - busy[1])
+            last = self.step_time_s
+            self.step_time_s = (
+                interval if last == 0.0 else last + STEP_TIME_WEIGHT * (interval - last)
+            )
+        self.now_s = now_s
 
     def _schedule_running(self, plan: StepPlan, threshold: int) -> None:
         """Phase A: give each RUNNING request its next tokens, preempting on KV shortage."""
@@ -457,6 +464,18 @@ class Scheduler:
         self.num_steps += num_steps
         self.finished_req_ids = finished_req_ids
         self.prev_step_scheduled_req_ids = scheduled_req_ids
+
+    def note_bulk_schedules(self, schedule_times_s: Sequence[float]) -> None:
+        """A bulk run's schedule() calls happened at ``schedule_times_s`` (after
+        ``end_bulk_run``): a custom policy's clock and step time follow them one by one, as
+        they would have step by step (every call of a run finds and leaves requests
+        running)."""
+        if self.custom_policy is None or not schedule_times_s:
+            return
+        first_step = self.num_steps - len(schedule_times_s) + 1
+        for k, now_s in enumerate(schedule_times_s):
+            self._note_clock(now_s, first_step + k, True)
+            self.busy_since = (now_s, first_step + k)
 
     # -- the output of schedule() ---------------------------------------------------------------
     def _finalize(self, plan: StepPlan) -> SchedulerOutput:

@@ -174,7 +174,8 @@ def run_real(
         if loop.applied_step_id is not None:
             log.record_delivery(loop.applied_step_id, delivered_s)
         for out in processed.finished:
-            log.record(out.req_id, EventKind.DELIVERED, delivered_s)
+            if out.req_id not in core.rejected_reasons:  # (a shed one was REJECTED)
+                log.record(out.req_id, EventKind.DELIVERED, delivered_s)
             outstanding -= 1
             done += 1
             if progress is not None and done % 16 == 0:
