@@ -12,6 +12,8 @@ round-trip through JSON:
 * ``slo_attainment_<slo>`` and ``slo_attainment_all``, ``engine_<stat>`` (prefix-cache hit
   rate, preemptions, KV usage …), ``diagnosis_verdict``;
 * per request class when the workload has several priorities: ``prio<P>_<metric>``;
+* per tenant and per SLO class when requests carry them: ``tenant_<name>_<figure>``,
+  ``class_<name>_<figure>`` (``reports.classes``: requests, rejected, latency, attainment);
 * ``num_gpus`` (= TP × DP), ``sim_num_steps``, ``sim_simulated_time_s``, ``wall_time_s``,
   ``version``, ``git_commit``.
 """
@@ -34,6 +36,7 @@ _SKIPPED_SUMMARY_KEYS: frozenset[str] = frozenset({
     "date", "endpoint_type", "backend", "label", "model_id", "tokenizer_id", "num_prompts",
     "burstiness", "max_concurrency", "rtfx", "goodput_slos_ms", "slo_attainment", "breakdown",
     "engine", "diagnosis", "kind", "config", "seed", "version", "git_commit", "report_options",
+    "by_tenant", "by_slo_class",
 })
 
 
@@ -85,6 +88,9 @@ def summary_metrics(summary: Mapping[str, Any]) -> dict[str, Any]:
             out[f"engine_{name}"] = _scalar(value)
     diagnosis = summary.get("diagnosis") or {}
     out["diagnosis_verdict"] = diagnosis.get("verdict")
+    from reports.classes import flat_group_metrics  # (pandas: not at import time)
+
+    out.update(flat_group_metrics(summary))
     return out
 
 
