@@ -154,4 +154,5 @@ def served_run_meta(
         reject_reasons={},
         provenance=provenance(),
         notes={"mode": mode, "backend": "twinserve-serve"},
+        scheduling_policy=engine.scheduling_policy or None,
     )

@@ -37,7 +37,14 @@ from engine.core.events import EventKind, EventLog
 from engine.core.hashing import PrecomputedBlockHasher
 from engine.core.interfaces import CostModel
 from engine.core.kv_cache_manager import KVCacheManager
-from engine.core.policy import RequestLengths, StreamInfo, describe_bulk, policy_summary
+from engine.core.policy import (
+    PolicyError,
+    RequestLengths,
+    StreamInfo,
+    describe_bulk,
+    held_message,
+    policy_summary,
+)
 from engine.core.request import Request, SamplingParams
 from sim.cluster import ReplicaView, Router, make_router
 from sim.config import SimConfig, resolve_engine_config
@@ -220,6 +227,9 @@ class SimRuntime:
             self.env.run()
         finally:
             _loop_gc_exit()
+        for replica in self.replicas:
+            if replica.core.held_by_policy:
+                raise PolicyError(held_message(replica.core))
         if len(self.replicas) > 1:
             self.log.compact_step_ids(STEP_ID_STRIDE)
         stats = self.stats

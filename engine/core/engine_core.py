@@ -11,6 +11,11 @@ ARCHITECTURE.md §4 that happen inside the engine (enqueued, scheduled, preempte
 finished; rejected when the scheduling policy sheds a request) and one ``StepRecord`` per
 applied step. A shed request's final output (no tokens, finish reason "abort") comes with the
 next applied step's outputs, so every driver delivers it the way it delivers finishes.
+
+A scheduling policy that holds every waiting request back (admit says WAIT) while nothing runs
+leaves the engine with no work until its next input (``held_by_policy``): drivers then idle
+instead of spinning through empty steps. A driver that expects no more input while the policy
+holds requests back must say so (``held_by_policy``): they can never run.
 """
 
 from __future__ import annotations
@@ -25,7 +30,12 @@ from engine.core.bulk.records import AppliedRun, RunTiming, run_step_columns
 from engine.core.bulk.run import BulkRun
 from engine.core.config import EngineConfig
 from engine.core.events import EventKind, EventLog, StepRecord
-from engine.core.outputs import EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
+from engine.core.outputs import (
+    AdmissionBlocker,
+    EngineCoreOutput,
+    ModelRunnerOutput,
+    SchedulerOutput,
+)
 from engine.core.policy import SchedulingPolicy, StreamInfo
 from engine.core.request import FinishReason, Request, RequestStatus
 from engine.core.scheduler import Scheduler
@@ -69,15 +79,18 @@ class EngineCore:
         self._must_finish = False
         self._first_token_seen: set[str] = set()
         self._shed: list[EngineCoreOutput] = []  # rejected by the policy, not yet returned
+        self._held = False  # the last schedule() ran nothing: the policy held everyone back
         self.rejected_reasons: dict[str, str] = {}  # every request the policy shed: why
 
     # -- inputs ---------------------------------------------------------------------------------
     def add_request(self, request: Request, now: float) -> None:
+        self._held = False
         self.scheduler.add_request(request)
         self.event_log.record(request.req_id, EventKind.ENGINE_ENQUEUED, now)
 
     def abort_requests(self, req_ids: Iterable[str], now: float) -> list[EngineCoreOutput]:
         """Abort requests (client gone); returns their final outputs."""
+        self._held = False
         aborted = self.scheduler.finish_requests(req_ids, RequestStatus.FINISHED_ABORTED)
         outs = []
         for request in aborted:
@@ -87,8 +100,17 @@ class EngineCore:
 
     # -- the step -------------------------------------------------------------------------------
     def has_work(self) -> bool:
-        """Requests to schedule, finished ids to report, or batches in flight."""
+        """Requests to schedule, finished ids to report, or batches in flight — unless the
+        scheduling policy holds every waiting request back with nothing running (see the
+        module docstring)."""
+        if self._held and not self._in_flight and not self.scheduler.finished_req_ids:
+            return False
         return self.scheduler.has_requests() or bool(self._in_flight)
+
+    @property
+    def held_by_policy(self) -> bool:
+        """Requests wait, nothing runs, and the policy admitted none at the last schedule()."""
+        return self._held and not self._in_flight and self.scheduler.has_unfinished_requests()
 
     def begin_step(self, now: float) -> SchedulerOutput | None:
         """Schedule and queue one batch, if the scheduler has requests; None otherwise."""
@@ -97,6 +119,10 @@ class EngineCore:
             self._must_finish = bool(self._in_flight)
             return None
         out = scheduler.schedule(now)
+        if scheduler.custom_policy is not None:
+            self._held = (
+                out.admission_blocker == AdmissionBlocker.POLICY and not scheduler.running
+            )
         self._in_flight.append(_InFlight(out, now))
         executed = out.total_num_scheduled_tokens > 0
         self._must_finish = not (

@@ -385,3 +385,15 @@ def policy_summary(policy: SchedulingPolicy, scheduler: SchedulerConfig, bulk: s
         "options": dict(scheduler.policy_options),
         "bulk_fast_path": bulk,
     }
+
+
+def held_message(core: object) -> str:
+    """The error of a run whose policy held requests back with nothing running after the last
+    request arrived: they could never run."""
+    sched = getattr(core, "scheduler", None)
+    name = sched.policy.name if sched is not None else "?"
+    waiting = len(sched.waiting) if sched is not None else 0
+    return (
+        f"scheduling policy {name!r} held {waiting} waiting request(s) back (admit said WAIT) "
+        "with nothing running and no request left to arrive: they can never run"
+    )

@@ -45,7 +45,7 @@ from engine.core.errors import UserError
 from engine.core.events import EventLog
 from engine.core.interfaces import Executor
 from engine.core.outputs import EngineCoreOutput
-from engine.core.policy import StreamInfo
+from engine.core.policy import StreamInfo, policy_summary
 from engine.core.request import Request, SamplingParams
 from engine.entrypoints.clock import run_clock
 from engine.entrypoints.engine_stats import EngineStatsTracker
@@ -188,6 +188,10 @@ class EngineCoreProc:
             num_gpu_blocks=self.info.num_gpu_blocks,
             device=self.info.device,
             received_s=dict(self._received_s),
+            scheduling_policy=policy_summary(
+                self.core.scheduler.policy, self.engine.engine_config.scheduler,
+                "n/a (a served engine runs every step)",
+            ),
         )
         write_pickle(Path(self.cfg.record_path), record)
 

@@ -39,6 +39,11 @@ PREDICTOR_OPTIONS: dict[str, Scalar] = {
 }
 
 
+#: The predictor each option belongs to (given with another, it would do nothing).
+_OPTION_OWNER: dict[str, str] = {"num_buckets": "bucket", "fit_on": "bucket",
+                                 "noise_sigma": "noisy"}
+
+
 class OutputLengthPredictor(Protocol):
     """Predicts a request's total output tokens (> 0) before it runs."""
 
@@ -96,6 +101,15 @@ class BucketPredictor:
 def make_predictor(options: Mapping[str, Scalar], context: PolicyContext) -> OutputLengthPredictor:
     """The predictor ``options`` (``PREDICTOR_OPTIONS``, already read) choose."""
     kind = options["predictor"]
+    unused = [
+        key for key, owner in _OPTION_OWNER.items()
+        if options[key] != PREDICTOR_OPTIONS[key] and kind != owner
+    ]
+    if unused and kind in ("oracle", "bucket", "noisy"):
+        raise PolicyError(
+            f"option(s) {', '.join(unused)} do nothing with predictor {kind!r} (num_buckets and "
+            "fit_on are the bucket predictor's, noise_sigma the noisy one's)"
+        )
     if kind == "oracle":
         return OraclePredictor()
     if kind == "noisy":

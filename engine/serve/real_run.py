@@ -36,7 +36,13 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from engine.core.events import EventKind, EventLog
-from engine.core.policy import RequestLengths, StreamInfo, policy_summary
+from engine.core.policy import (
+    PolicyError,
+    RequestLengths,
+    StreamInfo,
+    held_message,
+    policy_summary,
+)
 from engine.core.request import SamplingParams
 from engine.llm import RealEngine
 from engine.serve.engine_loop import EngineLoop
@@ -161,6 +167,10 @@ def run_real(
             core.add_request(request, clock())
             outstanding += 1
         if not loop.has_work():
+            if core.held_by_policy and not (
+                next_i < n and (limit is None or outstanding < limit)
+            ):
+                raise PolicyError(held_message(core))  # nothing more can arrive
             if next_i < n:
                 wait = float(workload.send_time_s[next_i]) - clock()
                 if wait > 0:

@@ -78,7 +78,8 @@ POLICY_HELP = (
 def add_policy_flags(g: argparse._ArgumentGroup) -> None:
     """``--scheduling-policy NAME`` and ``--policy-option KEY=VALUE ...`` (default None)."""
     g.add_argument("--scheduling-policy", metavar="NAME", help=POLICY_HELP)
-    g.add_argument("--policy-option", nargs="+", type=policy_option, metavar="KEY=VALUE",
+    g.add_argument("--policy-option", nargs="+", action="extend", type=policy_option,
+                   metavar="KEY=VALUE",
                    help="an option of the scheduling policy, e.g. predictor=bucket chunk=256 "
                    "(numbers and true/false are typed; engine/policies/)")
 

@@ -318,3 +318,28 @@ def test_a_policy_that_waits_blocks_admissions_with_the_policy_blocker() -> None
     sched.add_request(request("a", 8, 2))
     out = sched.schedule()
     assert out.num_scheduled_tokens == {} and out.admission_blocker == AdmissionBlocker.POLICY
+
+
+def test_an_engine_whose_policy_holds_everyone_back_idles_until_its_next_input() -> None:
+    from engine.core.engine_core import EngineCore
+    from engine.core.policy import WAIT, AdmissionView, VllmPolicy
+
+    class HoldUntilTwo(VllmPolicy):
+        def admit(self, request: Request, view: AdmissionView) -> Any:
+            from engine.core.policy import ADMIT
+
+            return WAIT if view.now_s < 2.0 else ADMIT
+
+    sc = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=4, max_model_len=256)
+    core = EngineCore(EngineConfig(sc, CacheConfig(num_gpu_blocks=50, block_size=4)),
+                      policy=HoldUntilTwo(PolicyContext(sc)))
+    core.add_request(request("a", 8, 2), 0.0)
+    out = core.begin_step(1.0)
+    assert out is not None and out.admission_blocker == AdmissionBlocker.POLICY
+    core.finish_step(out, sample_all(out), 1.0)
+    # nothing runs, the policy waits: no work (a driver idles) until the next input
+    assert not core.has_work() and core.held_by_policy
+    core.add_request(request("b", 8, 2, arrival=2.5), 2.5)
+    assert core.has_work() and not core.held_by_policy
+    out = core.begin_step(2.5)
+    assert out is not None and set(out.num_scheduled_tokens) == {"a", "b"}

@@ -163,6 +163,9 @@ def test_a_misspelt_policy_name_is_a_config_error_naming_the_valid_ones() -> Non
     ("decode-first", {"chunk": 0}, "chunk must be >= 1 token, got 0"),
     ("fcfs", {"x": 1}, "scheduling policy 'fcfs' has no option(s) x; valid: none"),
     ("sjf", {"predictor": "bucket"}, "give the option fit_on=TRACE"),
+    ("sjf", {"noise_sigma": 0.2}, "option(s) noise_sigma do nothing with predictor 'oracle'"),
+    ("srpt", {"predictor": "noisy", "fit_on": "azure-conv"},
+     "option(s) fit_on do nothing with predictor 'noisy'"),
     ("shed", {"slack": -1.0}, "slack must be > 0"),
 ])
 def test_bad_policy_options_are_one_clear_error(
