@@ -136,8 +136,9 @@ def decisions(log: Any) -> dict[str, Any]:
     was scheduled, and each request's scheduling events (time, kind, payload) in time order."""
     steps = log.steps_columns()
     names = ("step_id", "schedule_time_s", "num_reqs", "num_tokens", "num_prefill_reqs",
-             "num_prefill_tokens", "num_decode_reqs", "num_new_reqs", "num_resumed_reqs", "num_preempted_reqs",
-             "num_finished_reqs", "num_running", "num_waiting", "admission_blocker")
+             "num_prefill_tokens", "num_decode_reqs", "num_new_reqs", "num_resumed_reqs",
+             "num_preempted_reqs", "num_finished_reqs", "num_running", "num_waiting",
+             "admission_blocker")
     ev = log.events_columns()
     kept = {EventKind.SCHEDULED, EventKind.PREEMPTED, EventKind.REJECTED, EventKind.FINISHED,
             EventKind.FIRST_TOKEN}
