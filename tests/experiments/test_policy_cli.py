@@ -153,22 +153,33 @@ dataset_name = "random"
 num_prompts = 30
 random_input_len = 300
 random_output_len = 20
-request_rate = 30
 tenant_mix = [["a", 0.5], ["b", 0.5]]
 slo_classes = [["chat", 200, 40]]
 [grid]
-scheduling_policy = ["fcfs", "vtc", "{USER_POLICY}"]
+"workload.request_rate" = [30]
 [[variant]]
-name = "plain"
+name = "fcfs"
+scheduling_policy = "fcfs"
 [[variant]]
-name = "chunk64"
-"engine.policy_options" = {{}}
+name = "user"
+scheduling_policy = "{USER_POLICY}"
+[[variant]]
+name = "vtc"
+scheduling_policy = "vtc"
+[[variant]]
+name = "weights"
+scheduling_policy = "vtc"
+"engine.policy_options" = {{input_weight = 0.0, output_weight = 1.0}}
 [report]
 goodput = ["ttft:200"]
 """)
     assert main(["sweep", str(exp), "--out", str(tmp_path / "out"), "-j", "1"]) == 0
     table = pd.read_csv(tmp_path / "out" / "results.csv")
     assert set(table["engine.policy"]) == {"fcfs", "vtc", USER_POLICY}
+    weights = table[table["variant"] == "weights"]
+    assert list(weights["engine.policy_options"]) == [
+        '{"input_weight": 0.0, "output_weight": 1.0}'
+    ]
     assert {"tenant_a_num_requests", "class_chat_slo_attainment"} <= set(table.columns)
     assert (table["tenant_a_num_requests"] + table["tenant_b_num_requests"] == 30).all()
 
@@ -183,3 +194,29 @@ def test_plan_with_a_users_policy(tmp_path: Path) -> None:
     assert len(pd.read_csv(out / "plan.csv")) == 1
     records = [json.loads(p.read_text())["record"] for p in (out / "cache").glob("*.json")]
     assert records and all(r["engine.policy"] == USER_POLICY for r in records)
+
+
+def test_the_twinserve_command_finds_a_policy_module_in_the_current_directory(
+    tmp_path: Path,
+) -> None:
+    """The installed console script (whose sys.path does not hold the working directory, as
+    ``python -m`` would) loads ``mypolicy.py`` from where it runs."""
+    import subprocess
+    import sys
+
+    (tmp_path / "mypolicy.py").write_text(
+        "from engine.core.policy import VllmPolicy\n\n\n"
+        "class Mine(VllmPolicy):\n"
+        "    def __init__(self, context):\n"
+        "        super().__init__(context)\n"
+        "        self.name = 'mine'\n"
+    )
+    twinserve = Path(sys.executable).parent / "twinserve"
+    proc = subprocess.run(
+        [str(twinserve), "simulate", "--no-plots", "--out", str(tmp_path / "run"), *SMALL,
+         "--num-prompts", "5", "--scheduling-policy", "mypolicy:Mine"],
+        cwd=tmp_path, capture_output=True, text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    meta = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert meta["scheduling_policy"]["name"] == "mine"
