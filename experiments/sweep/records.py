@@ -14,6 +14,8 @@ round-trip through JSON:
 * per request class when the workload has several priorities: ``prio<P>_<metric>``;
 * per tenant and per SLO class when requests carry them: ``tenant_<name>_<figure>``,
   ``class_<name>_<figure>`` (``reports.classes``: requests, rejected, latency, attainment);
+* ``policy_class`` (the scheduling policy's ``module:Class``) and ``bulk_fast_path`` (what the
+  fast path did with it: ``on``, ``limited: …`` or ``off: …``, as in a run's metadata);
 * ``num_gpus`` (= TP × DP), ``sim_num_steps``, ``sim_simulated_time_s``, ``wall_time_s``,
   ``version``, ``git_commit``.
 """
@@ -164,6 +166,8 @@ def simulate_record(
     record["num_gpus"] = cfg.tensor_parallel_size * cfg.data_parallel_size
     record.update(summary_metrics(summary))
     record.update(class_metrics(tables, result.workload.priorities, goodput))
+    record["policy_class"] = result.scheduling_policy.get("class")
+    record["bulk_fast_path"] = result.scheduling_policy.get("bulk_fast_path")
     record["sim_num_steps"] = result.stats.num_steps
     record["sim_simulated_time_s"] = result.stats.simulated_time_s
     record["version"] = meta.provenance.version

@@ -170,18 +170,29 @@ scheduling_policy = "vtc"
 name = "weights"
 scheduling_policy = "vtc"
 "engine.policy_options" = {{input_weight = 0.0, output_weight = 1.0}}
+[[variant]]
+name = "edf"
+scheduling_policy = "edf"
 [report]
 goodput = ["ttft:200"]
 """)
     assert main(["sweep", str(exp), "--out", str(tmp_path / "out"), "-j", "1"]) == 0
     table = pd.read_csv(tmp_path / "out" / "results.csv")
-    assert set(table["engine.policy"]) == {"fcfs", "vtc", USER_POLICY}
+    assert set(table["engine.policy"]) == {"fcfs", "vtc", "edf", USER_POLICY}
     weights = table[table["variant"] == "weights"]
     assert list(weights["engine.policy_options"]) == [
         '{"input_weight": 0.0, "output_weight": 1.0}'
     ]
     assert {"tenant_a_num_requests", "class_chat_slo_attainment"} <= set(table.columns)
     assert (table["tenant_a_num_requests"] + table["tenant_b_num_requests"] == 30).all()
+    # Each point says what the bulk fast path did with its policy (NewestFirst declares all;
+    # edf reorders the running requests, so no bulk run applies).
+    fast = dict(zip(table["variant"], table["bulk_fast_path"], strict=True))
+    assert fast.pop("edf").startswith("off: policy 'edf' does not declare running_order")
+    assert set(fast.values()) == {"on"}
+    classes = dict(zip(table["variant"], table["policy_class"], strict=True))
+    assert classes["user"] == USER_POLICY
+    assert classes["fcfs"] == "engine.core.policy:VllmPolicy"
 
 
 def test_plan_with_a_users_policy(tmp_path: Path) -> None:
