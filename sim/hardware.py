@@ -4,9 +4,9 @@
 default cost model (``sim/cost/vllm_step.py``) prices steps from; a GPU without them is priced
 by the roofline.
 
-Peaks are dense (no sparsity) datasheet values (COST_MODEL.md §3). Efficiencies (fractions of a
+Peaks are dense (no sparsity) datasheet values (docs/roofline.md §2). Efficiencies (fractions of a
 peak a real kernel reaches) are calibrated on measured operator times — the Vidur project's MLP
-profiles (``sim/data/profiles``) — by ``sim/cost/calibrate_roofline.py``; see
+profiles (``sim/data/profiles``) — by ``sim/cost/calibration/roofline.py``; see
 ``docs/roofline.md`` for the fit and its error. GPUs without measured data inherit the
 efficiencies of the closest calibrated generation, which the ``efficiency_source`` field says.
 """
@@ -61,7 +61,7 @@ class GPUSpec:
         return self.nvlink_gbps * 1e9 / 2
 
 
-# Efficiencies: fitted by sim/cost/calibrate_roofline.py on shared/data/profiles/vidur
+# Efficiencies: fitted by sim/cost/calibration/roofline.py on shared/data/profiles/vidur
 # (copied to sim/data/profiles); the H200 shares the H100's compute die and takes its values.
 GPUS: dict[str, GPUSpec] = {
     g.name: g

@@ -1,4 +1,4 @@
-"""Model architecture catalog (facts from the models' config.json; COST_MODEL.md §3).
+"""Model architecture catalog (facts from each model's config.json).
 
 Names are Hugging Face ids. A ``ModelSpec`` derives the counts a cost model needs: parameters of
 the linear layers, weight bytes, KV bytes per token.
