@@ -4,11 +4,12 @@ scripted executor that takes fixed step times the two make the same decisions.
 The real run is ``engine.serve.real_run.run_real`` on the tiny checkpoint (its config,
 tokenizer, KV cache and request validation) with the executor replaced by a script: every step
 takes ``STEP_S`` on a virtual clock (which the run's idle waits advance too) and every sampling
-request samples one token. The simulation serves the same request stream with a cost model
-that prices every step at ``STEP_S`` and a front end that costs nothing. Times are multiples
-of 1/256 s, exact in binary floating point, so both worlds see arrivals and steps at the very
-same instants; the decisions — who is scheduled how many tokens in each step, who is
-preempted, who is shed and why, who finishes when — must then be identical.
+request samples one token — or the tiny model's own executor runs every step (forward pass and
+sampling) and only the step time is scripted. The simulation serves the same request stream
+with a cost model that prices every step at ``STEP_S`` and a front end that costs nothing.
+Times are multiples of 1/256 s, exact in binary floating point, so both worlds see arrivals and
+steps at the very same instants; the decisions — who is scheduled how many tokens in each step,
+who is preempted, who is shed and why, who finishes when — must then be identical.
 
 Plus ``twinserve run-real`` end to end on the tiny model with a policy class written here,
 loaded by ``--scheduling-policy``, and the one-line errors of a bad policy.
@@ -85,6 +86,21 @@ class ScriptedExecutor:
         return ModelRunnerOutput(
             {r: [TOKEN] for r in sched_out.num_scheduled_tokens if r not in partial}
         )
+
+
+class TimedTorchExecutor:
+    """The tiny model's own executor runs every step (forward pass, sampling); only the time a
+    step takes is scripted: ``STEP_S`` on the virtual clock."""
+
+    def __init__(self, inner: Any, clock: VirtualClock) -> None:
+        self.inner = inner
+        self.clock = clock
+
+    def execute_model(self, sched_out: SchedulerOutput) -> ModelRunnerOutput:
+        out: ModelRunnerOutput = self.inner.execute_model(sched_out)
+        if sched_out.total_num_scheduled_tokens:
+            self.clock.t += STEP_S
+        return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,12 +183,17 @@ def simulated(policy: str, options: dict[str, Any], w: Workload, max_model_len: 
     return SimRuntime(cfg, workload=w, cost_model=FixedStepCost()).run()
 
 
-def measured(tiny: Path, policy: str, options: dict[str, Any], w: Workload) -> Any:
+def measured(
+    tiny: Path, policy: str, options: dict[str, Any], w: Workload, model_runs: bool = False
+) -> Any:
+    """A real run of ``w``; the executor is the script, or with ``model_runs`` the tiny model's
+    own executor with scripted step times."""
     args = EngineArgs(model=str(tiny), num_gpu_blocks=NUM_BLOCKS, max_model_len=MAX_MODEL_LEN,
                       engine=dataclasses.replace(KNOBS, policy=policy, policy_options=options))
     engine = args.build(stream=stream_info(w, seed=0))
     clock = VirtualClock()
-    engine.executor = ScriptedExecutor(clock)  # type: ignore[assignment]
+    script = TimedTorchExecutor(engine.executor, clock) if model_runs else ScriptedExecutor(clock)
+    engine.executor = script  # type: ignore[assignment]
     return engine, run_real(engine, w, run_clock=clock)
 
 
@@ -181,18 +202,23 @@ POLICIES: list[tuple[str, dict[str, Any]]] = [
     ("shed", {}),
     ("edf", {}),
     ("vtc", {}),
+    ("sjf", {"predictor": "noisy", "noise_sigma": 1.0}),
     ("srpt", {"predictor": "bucket", "num_buckets": 4}),
     ("decode-first", {"chunk": 24}),
+    ("prefill-first", {"chunk": 24}),
     (f"{__name__}:LongestPromptFirstAfterAWhile", {}),
 ]
+#: Each with the script, and with the tiny model's own executor doing every step.
+CASES = [(p, o, m) for m in (False, True) for p, o in POLICIES]
 
 
-@pytest.mark.parametrize("policy,options", POLICIES, ids=[p for p, _ in POLICIES])
+@pytest.mark.parametrize("policy,options,model_runs", CASES,
+                         ids=[p + ("-model" if m else "") for p, _, m in CASES])
 def test_the_real_run_decides_as_the_simulation_with_fixed_step_times(
-    tiny: Path, policy: str, options: dict[str, Any]
+    tiny: Path, policy: str, options: dict[str, Any], model_runs: bool
 ) -> None:
     w = stream()
-    engine, real = measured(tiny, policy, options, w)
+    engine, real = measured(tiny, policy, options, w, model_runs)
     sim = simulated(policy, options, w, engine.engine_config.scheduler.max_model_len)
     assert engine.engine_config == sim.engine_config
     got, want = decisions(real.event_log), decisions(sim.event_log)
