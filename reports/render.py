@@ -111,6 +111,19 @@ def engine_table(engine: Mapping[str, Any]) -> Block:
     return Block("table", header=["engine statistic", "value"], rows=rows)
 
 
+def _policy_blocks(meta: Mapping[str, Any]) -> list[Block]:
+    """One line on the run's scheduling policy and what the bulk fast path did with it."""
+    policy = meta.get("scheduling_policy")
+    if not policy:
+        return []
+    options = ", ".join(f"{k}={v}" for k, v in (policy.get("options") or {}).items())
+    text = (f"Scheduling policy {policy.get('name')} ({policy.get('class')}"
+            + (f"; {options}" if options else "") + ")")
+    if policy.get("bulk_fast_path"):
+        text += f" · bulk fast path: {policy['bulk_fast_path']}"
+    return [Block("p", text + ".")]
+
+
 def report_blocks(
     summary: Mapping[str, Any], meta: Mapping[str, Any], plots: Mapping[str, Path]
 ) -> list[Block]:
@@ -123,6 +136,7 @@ def report_blocks(
         Block("p", f"Date {summary.get('date')} · backend {summary.get('backend')} · seed "
                    f"{summary.get('seed')} · version {summary.get('version')} · commit "
                    f"{summary.get('git_commit')}" + (f" · workload: {source}" if source else "")),
+        *_policy_blocks(meta),
         Block("h2", f"Diagnosis: {diag['verdict']}"),
         Block("p", diag["text"]),
         Block("h2", "Serving benchmark result (vllm bench serve layout)"),

@@ -111,6 +111,10 @@ def test_simulate_with_slo_classes_tenants_and_a_shipped_policy(tmp_path: Path) 
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert set(summary["by_tenant"]) == {"a", "b"}
     assert set(summary["by_slo_class"]) == {"chat", "batch"}
+    report = (tmp_path / "report.md").read_text()
+    assert ("Scheduling policy sjf (engine.policies.sjf:ShortestJobFirst; noise_sigma=0.3, "
+            "predictor=noisy) · bulk fast path: on.") in report
+    assert "## By tenant and SLO class" in report
 
 
 @pytest.mark.parametrize("args,message", [
