@@ -119,7 +119,8 @@ REQUIRED_COLUMNS: dict[str, tuple[str, ...]] = {
 }
 #: Columns that hold text or flags, not numbers.
 TEXT_COLUMNS: frozenset[str] = frozenset(
-    {"req_id", "finish_reason", "rejected_reason", "admission_blocker", "success"}
+    {"req_id", "finish_reason", "rejected_reason", "admission_blocker", "success", "tenant",
+     "slo_class"}
 )
 
 
@@ -133,7 +134,7 @@ def _is_count(column: str) -> bool:
 def _read_table_file(path: Path) -> pd.DataFrame:
     if path.suffix == ".parquet":
         return pd.read_parquet(path)
-    df = pd.read_csv(path, dtype={"req_id": str})
+    df = pd.read_csv(path, dtype={"req_id": str, "tenant": str, "slo_class": str})
     if df.empty:  # a header alone: numbers have no values to infer their type from
         for col in df.columns:
             if col not in TEXT_COLUMNS:
@@ -145,6 +146,9 @@ def _read_table_file(path: Path) -> pd.DataFrame:
     for col in ("finish_reason", "rejected_reason"):
         if col in df:
             df[col] = pd.Categorical(df[col].astype(object))
+    for col in ("tenant", "slo_class"):  # labels: "" (read back as NaN) for none
+        if col in df:
+            df[col] = pd.Categorical(df[col].fillna("").astype(str))
     if "success" in df:
         df["success"] = df["success"].astype(bool)
     return df
