@@ -27,6 +27,8 @@ FLAG_FIELDS: dict[str, tuple[str | None, str]] = {
     "gpu": (None, "gpu"),
     "tensor_parallel_size": (None, "tensor_parallel_size"),
     "data_parallel_size": (None, "data_parallel_size"),
+    "enable_expert_parallel": (None, "enable_expert_parallel"),
+    "all2all_backend": (None, "all2all_backend"),
     "router": (None, "router"),
     "router_load_cap": (None, "router_load_cap"),
     "gpu_memory_utilization": (None, "gpu_memory_utilization"),

@@ -120,7 +120,9 @@ def make_cost_model(cfg: SimConfig, engine_config: EngineConfig | None = None) -
         from sim.cost.roofline import RooflineCostModel
 
         return RooflineCostModel(
-            cfg.model_spec, cfg.gpu_spec, cfg.tensor_parallel_size, cfg.roofline
+            cfg.model_spec, cfg.gpu_spec, cfg.tensor_parallel_size, cfg.roofline,
+            expert_parallel_size=cfg.expert_parallel_size,
+            data_parallel_size=cfg.data_parallel_size,
         )
     if name == "vllm":
         from sim.cost.cuda_graphs import CudaGraphPlan
@@ -133,9 +135,12 @@ def make_cost_model(cfg: SimConfig, engine_config: EngineConfig | None = None) -
         )
         return VllmStepCostModel(
             cfg.model_spec, gpu, cfg.tensor_parallel_size,
-            weight_dtype="fp8" if cfg.fp8_weights else "bfloat16",
+            weight_dtype=cfg.weight_dtype,
             kv_cache_dtype="fp8" if cfg.fp8_kv_cache else "bfloat16",
             graphs=graphs, host=cfg.host_costs,
+            data_parallel_size=cfg.data_parallel_size,
+            expert_parallel=cfg.enable_expert_parallel,
+            all2all_backend=cfg.all2all_backend,
         )
     from sim.cost.fitted import FittedCostModel
 

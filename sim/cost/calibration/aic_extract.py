@@ -17,9 +17,12 @@ Tables (``sim/data/kernels/aiconfigurator/``):
   column per token count m (``m<M>_us``); y[m, n] = x[m, k] · W[k, n] (n output features).
 * ``attn_prefill.csv`` — wide: gpu, kv_dtype, head_dim, num_heads, num_kv_heads (per GPU),
   batch, then ``isl<S>_us``: ``batch`` sequences of S tokens prefilled from an empty cache in
-  one attention call.
+  one attention call (full attention: a sliding window is priced as full attention over at
+  most the window, ``sim/cost/vllm_step.py``).
 * ``attn_decode.csv`` — wide: same keys, then ``kv<L>_us``: ``batch`` decodes, each attending
   to L keys (the database's ``step`` + 1).
+* ``moe.csv``, ``mla_decode.csv``, ``mla_prefill.csv`` — the fused-MoE layer and DeepSeek's MLA
+  attention module (``sim/cost/calibration/aic_moe_mla.py``).
 * ``allreduce.csv`` — long: gpu, impl (``vllm_graph`` / ``vllm_eager``: vLLM's
   ``tensor_model_parallel_all_reduce`` captured in a CUDA graph / eager; ``nccl``), version,
   tp, elements, bytes (bf16/fp16: 2 per element), latency_us.
@@ -44,7 +47,7 @@ import numpy as np
 import pandas as pd
 
 OUT = Path(__file__).resolve().parents[2] / "data" / "kernels" / "aiconfigurator"
-DEFAULT_GPUS = ("a100_sxm", "h100_sxm", "h200_sxm", "b200_sxm", "l40s")
+DEFAULT_GPUS = ("a100_sxm", "h100_sxm", "h200_sxm", "b200_sxm", "gb200", "l40s")
 
 # -- grids kept (intersected with what each GPU's table holds) ----------------------------------
 #: Token counts: every CUDA-graph tile boundary pair up to 257 (the padded decode sizes), then
@@ -65,6 +68,8 @@ ATTN_PAIRS = (
     (96, 8), (16, 16), (32, 32), (64, 64),
 )
 ATTN_HEAD_DIM = 128
+#: gpt-oss's attention (head_dim 64, 64 query / 8 KV heads) at TP 1-8.
+ATTN_PAIRS_64 = ((64, 8), (32, 4), (16, 2), (8, 1))
 
 
 def _aic_root() -> Path:
@@ -177,11 +182,13 @@ def default_attention_kernel(df: Any, kv_dtype: str) -> str | None:
 
 
 def attn_filter(df: Any) -> Any:
+    """Full attention: the head_dim-128 pairs and gpt-oss's head_dim-64 pairs."""
     if "window_size" in df.columns:
         df = df[df.window_size == 0]
-    pair = list(zip(df.num_heads, df.num_key_value_heads, strict=True))
-    keep = (df.head_dim == ATTN_HEAD_DIM) & pd.Series([p in ATTN_PAIRS for p in pair], df.index)
-    return df[keep]
+    pair = pd.Series(list(zip(df.num_heads, df.num_key_value_heads, strict=True)), df.index)
+    d128 = (df.head_dim == ATTN_HEAD_DIM) & pair.isin(ATTN_PAIRS)
+    d64 = (df.head_dim == 64) & pair.isin(ATTN_PAIRS_64)
+    return df[d128 | d64]
 
 
 def extract_attention(w: Writer, data: Path, gpu: str, version: str) -> None:
@@ -259,6 +266,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--gpus", default=",".join(DEFAULT_GPUS))
     args = ap.parse_args(argv)
+    from sim.cost.calibration.aic_moe_mla import extract_mla, extract_moe
+
     root = _aic_root()
     data = root / "data"
     vers = versions(root)
@@ -268,6 +277,8 @@ def main(argv: list[str] | None = None) -> None:
         extract_gemm(w, data, gpu, v)
         extract_attention(w, data, gpu, v)
         extract_comm(w, data, gpu, v)
+        extract_moe(w, data, gpu, v)
+        extract_mla(w, data, gpu, v)
     w.flush()
     total = 0
     for f in sorted(Path(args.out).glob("*.csv")):
