@@ -135,7 +135,7 @@ class SimConfig:
     router: str = "vllm"  # how requests pick a replica (sim/cluster.py)
     router_load_cap: int = 8  # prefix_aware: max extra in-flight requests for a better hit
     fast_path: bool = True  # exact bulk application of identical decode steps
-    enable_expert_parallel: bool = False  # vLLM's flag: MoE experts spread over TP × DP ranks
+    enable_expert_parallel: bool = False  # vLLM's flag: MoE experts whole over the TP × DP ranks
     all2all_backend: str = "allgather_reducescatter"  # EP dispatch/combine (vLLM's default)
 
     def __post_init__(self) -> None:
@@ -235,8 +235,17 @@ class SimConfig:
 
     @property
     def expert_parallel_size(self) -> int:
-        """GPUs the experts are spread over: vLLM's EP group is the TP × DP world (1: none)."""
+        """GPUs the experts are spread over whole: vLLM's EP group is the TP × DP world (1:
+        tensor-parallel experts)."""
         if not self.enable_expert_parallel:
+            return 1
+        return self.tensor_parallel_size * self.data_parallel_size
+
+    @property
+    def moe_shard_size(self) -> int:
+        """GPUs a MoE model's expert weights are sharded over: vLLM shards MoE layers over the
+        whole TP × DP world, whole experts (EP) or slices of each (TP); 1 for dense models."""
+        if not self.model_spec.is_moe:
             return 1
         return self.tensor_parallel_size * self.data_parallel_size
 
@@ -393,8 +402,8 @@ RUNTIME_OVERHEAD_BYTES = 1.5 * 2**30
 def kv_capacity(cfg: SimConfig) -> KVCapacity:
     """Blocks = (memory × utilization − weights per GPU − activation peak) / bytes per block.
 
-    Weights per GPU: the linear layers split over TP, the experts over the EP group when
-    expert parallelism is on (``ModelSpec.weight_bytes_per_gpu``). A block holds
+    Weights per GPU: the linear layers split over TP, a MoE model's experts over the whole
+    TP × DP world as vLLM shards them (``ModelSpec.weight_bytes_per_gpu``). A block holds
     ``block_size`` tokens of this GPU's full-attention layers: its KV heads (replicated once
     TP exceeds them), or MLA's latent (replicated on every TP rank). Sliding-window layers
     hold at most the window per request and are not counted per token (docs/cost_model.md).
@@ -407,17 +416,18 @@ def kv_capacity(cfg: SimConfig) -> KVCapacity:
     budgets = cfg.engine.budgets(budget_defaults(cfg))
     t, max_num_seqs = budgets.max_num_batched_tokens, budgets.max_num_seqs
     logits = min(max_num_seqs, t) * m.vocab_size / tp * 4
-    per_token = activation_bytes_per_token(m, tp, cfg.expert_parallel_size)
+    per_token = activation_bytes_per_token(m, tp, cfg.moe_shard_size, cfg.enable_expert_parallel)
     activation = t * per_token + logits + RUNTIME_OVERHEAD_BYTES
     budget = g.memory_bytes * cfg.gpu_memory_utilization
-    weights = m.weight_bytes_per_gpu(tp, cfg.expert_parallel_size)
+    weights = m.weight_bytes_per_gpu(tp, cfg.moe_shard_size)
     kv = budget - weights - activation
     per_block = cfg.engine.block_size * m.kv_bytes_per_token_per_gpu(tp)
     blocks = int(kv // per_block) if kv > 0 else 0
     return KVCapacity(g.memory_bytes, budget, weights, activation, kv, per_block, blocks)
 
 
-def activation_bytes_per_token(m: ModelSpec, tp: int, ep: int = 1) -> float:
+def activation_bytes_per_token(m: ModelSpec, tp: int, moe_shards: int = 1,
+                               expert_parallel: bool = False) -> float:
     """Peak activation bytes per scheduled token of one forward (bf16): the widest MLP
     intermediate (gate+up of a dense MLP; the fused-MoE workspace of top-k rows of
     ``max(2·width, hidden) + width``), the attention projections' outputs and residual
@@ -426,7 +436,7 @@ def activation_bytes_per_token(m: ModelSpec, tp: int, ep: int = 1) -> float:
     dense = 2 * (m.dense_intermediate_size if m.is_moe else m.intermediate_size) / tp
     widest = dense
     if m.is_moe:
-        width = m.intermediate_size / (1 if ep > 1 else tp)
+        width = m.intermediate_size / (1 if expert_parallel else max(moe_shards, tp))
         widest = max(dense, m.num_experts_per_token * (max(2 * width, m.hidden_size) + width))
     if m.is_mla:
         attn = m.num_heads * (m.q_head_dim + m.qk_nope_head_dim + m.v_head_dim) / tp

@@ -232,17 +232,18 @@ class ModelSpec:
         ``expert_bytes``), norms, embedding and an untied LM head at ``dtype_bytes``."""
         return round(self.weight_bytes_per_gpu(1, 1))
 
-    def weight_bytes_per_gpu(self, tensor_parallel_size: int, expert_parallel_size: int = 1,
+    def weight_bytes_per_gpu(self, tensor_parallel_size: int, moe_shard_size: int = 1,
                              pipeline_parallel_size: int = 1) -> float:
         """One GPU's share of the weights: the linear layers split over TP, the routed experts
-        over the expert-parallel group instead when there is one (each GPU holds whole experts),
-        the layers over pipeline stages; norms replicated; embedding and LM head split over TP
-        (vocabulary-parallel)."""
-        tp, ep, pp = tensor_parallel_size, expert_parallel_size, pipeline_parallel_size
+        over ``moe_shard_size`` GPUs instead when larger (vLLM shards MoE layers over TP × DP,
+        whole experts or slices: the same bytes), the layers over pipeline stages; norms
+        replicated; embedding and LM head split over TP (vocabulary-parallel)."""
+        tp, ep, pp = tensor_parallel_size, max(moe_shard_size, tensor_parallel_size), (
+            pipeline_parallel_size)
         routed = self.routed_expert_params
         linear = self.decoder_params - routed
         lm_head = 0 if self.tie_word_embeddings else self.embedding_params
-        experts = routed * self.expert_bytes / (ep if ep > 1 else tp)
+        experts = routed * self.expert_bytes / ep
         layers = (linear * self.linear_bytes / tp + experts) / pp
         return layers + self.norm_params * self.dtype_bytes + (
             (self.embedding_params + lm_head) * self.dtype_bytes / tp)

@@ -121,7 +121,7 @@ def make_cost_model(cfg: SimConfig, engine_config: EngineConfig | None = None) -
 
         return RooflineCostModel(
             cfg.model_spec, cfg.gpu_spec, cfg.tensor_parallel_size, cfg.roofline,
-            expert_parallel_size=cfg.expert_parallel_size,
+            expert_parallel=cfg.enable_expert_parallel,
             data_parallel_size=cfg.data_parallel_size,
         )
     if name == "vllm":

@@ -10,7 +10,8 @@ queueing a per-unit answer does not see. So:
 * with a GPU budget, the budget's replicas are simulated together at ``replicas ×`` the unit's
   capacity, with the workload's request count scaled by the replicas (the same duration per
   replica); when that fails, the rate steps down by 5% (at most 4 times) and the deployment is
-  recommended at the highest rate it met.
+  recommended at the highest rate it met. A MoE model's unit is already the budget's whole
+  data-parallel group, which its search simulated.
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ def recommend(spec: PlanSpec, ev: Evaluator,
                           "verified" if ok else "failed", tuple(records))
     replicas = spec.replicas_in_budget(unit)
     predicted = best.capacity.max_rate * replicas
-    layout = unit.with_replicas(replicas) if not unit.expert_parallel else unit
+    layout = unit.with_replicas(replicas) if unit.data_parallel_size == 1 else unit
     if layout == unit:  # the unit is the deployment: its search already simulated it whole
         probe = best.capacity.best_probe
         records = ev.records.get((unit, probe.rate), [])

@@ -6,8 +6,10 @@ and its p99 TTFT, and whether it met the SLOs (every seed passed). A point is on
 *user front* when no other SLO-meeting point has at least its throughput per GPU and its
 tokens/s per user (one of them strictly more), on the *TTFT front* likewise with at most its
 TTFT. ``front.csv`` holds every point with both flags and, for each, the ``vllm serve`` and
-``twinserve serve`` command lines that deploy its layout; ``front.png`` plots them (every point
-faint, SLO-meeting points by layout, both fronts as lines, the recommendation starred).
+``twinserve serve`` command lines that deploy its layout (replicas of a dense engine, or one
+data-parallel group for a MoE model, as vLLM's ``--data-parallel-size``); ``front.png`` plots
+them (every point faint, SLO-meeting points by layout, both fronts as lines, the
+recommendation starred).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 import pandas as pd
 
 from experiments.plan.planner import Candidate, Evaluator, PlanSpec, seeds_mean
+from sim.models import get_model
 
 
 def _flag(name: str) -> str:
@@ -47,7 +50,7 @@ def serve_commands(spec: PlanSpec, c: Candidate, replicas: int) -> tuple[str, st
         section, _, name = key.rpartition(".")
         if section == "engine" and name in ("max_num_seqs", "max_num_batched_tokens"):
             common.append(f"{_flag(name)} {value}")
-    dp = c.data_parallel_size if c.expert_parallel else replicas
+    dp = c.data_parallel_size if c.data_parallel_size > 1 else replicas
     vllm = [f"vllm serve {model}", *common]
     if dp > 1:
         vllm.append(f"--data-parallel-size {dp}")
@@ -57,9 +60,10 @@ def serve_commands(spec: PlanSpec, c: Candidate, replicas: int) -> tuple[str, st
     if c.expert_parallel:
         twin.append("--enable-expert-parallel")
     twin_text = " ".join(twin)
-    if c.expert_parallel and c.data_parallel_size > 1:
+    moe = get_model(model).is_moe
+    if moe and c.data_parallel_size > 1:
         twin_text = (f"(one emulated engine per server: the {c.data_parallel_size}-rank "
-                     "expert-parallel group is not served by twinserve serve)")
+                     "data-parallel MoE group is not served by twinserve serve)")
     elif replicas > 1:
         twin_text = f"{replicas} × [{twin_text}] behind a load balancer"
     return " ".join(vllm), twin_text

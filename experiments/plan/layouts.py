@@ -3,11 +3,11 @@
 With ``--num-gpus N`` the planner builds its candidates here instead of from ``--tp``/``--dp``
 lists. A *unit* is what one ``vllm serve`` engine group runs and the capacity search probes:
 
-* dense or tensor-parallel MoE: one engine of ``TP × PP`` GPUs; the deployment runs
-  ``N / (TP × PP)`` replicas of it behind the router;
-* expert parallel (MoE models): one engine group of ``TP × DP = N`` GPUs whose experts are
-  spread over all of them (vLLM's ``--enable-expert-parallel --data-parallel-size``): the unit
-  is the whole deployment.
+* dense models: one engine of ``TP × PP`` GPUs; the deployment runs ``N / (TP × PP)``
+  replicas of it behind the router (vLLM's ``--data-parallel-size``);
+* mixture-of-experts models: one engine group of ``TP × DP = N`` GPUs, because vLLM shards
+  MoE layers over the whole TP × DP world — slices of every expert, or whole experts with
+  ``--enable-expert-parallel`` (both are candidates): the unit is the whole deployment.
 
 Search dimensions are a table (``DIMENSIONS``), so a dimension the simulator gains slots in
 as one row: pipeline parallelism is enumerated once ``SimConfig`` has a
@@ -90,15 +90,19 @@ class SpaceSpec:
 
 def _parallel(layouts: list[LayoutChoice], space: SpaceSpec) -> list[LayoutChoice]:
     out = []
+    moe = space.model.is_moe
     ep_modes = {"auto": (False, True), "on": (True,), "off": (False,)}[space.expert_parallel]
     for tp, pp in _tp_pp(space.num_gpus, space.model, space.pp_sizes):
+        if not moe:
+            out.append(LayoutChoice(tp, pp))
+            continue
+        if pp > 1:
+            continue  # MoE groups are TP × DP here; PP × DP groups need the simulator's PP
+        dp = space.num_gpus // tp
         for ep in ep_modes:
-            if ep and (not space.model.is_moe or pp > 1):
-                continue
-            dp = space.num_gpus // (tp * pp) if ep else 1
-            if ep and dp * tp > space.model.num_experts:
+            if ep and tp * dp > space.model.num_experts:
                 continue  # vLLM needs at least one expert per rank
-            out.append(LayoutChoice(tp, pp, dp, ep))
+            out.append(LayoutChoice(tp, 1, dp, ep))
     return out
 
 

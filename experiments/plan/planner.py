@@ -69,7 +69,7 @@ class Candidate:
     data_parallel_size: int
     knobs: tuple[tuple[str, Any], ...] = ()
     pipeline_parallel_size: int = 1
-    expert_parallel: bool = False  # experts spread over the TP × DP ranks (one engine group)
+    expert_parallel: bool = False  # experts whole over the TP × DP ranks (one engine group)
     quantization: str | None = None  # vLLM --quantization (None: the checkpoint's dtype)
 
     @property
@@ -176,8 +176,8 @@ class PlanSpec:
         return out
 
     def replicas_in_budget(self, candidate: Candidate) -> int:
-        """Replicas of ``candidate`` the budget holds (1 for an expert-parallel group)."""
-        if self.num_gpus is None or candidate.expert_parallel:
+        """Replicas of ``candidate`` the budget holds (1 for a data-parallel MoE group)."""
+        if self.num_gpus is None or candidate.data_parallel_size > 1:
             return 1
         return max(self.num_gpus // candidate.num_gpus, 1)
 

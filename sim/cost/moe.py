@@ -7,20 +7,23 @@ weighted sum at the end). Under uniform routing a batch of ``T`` tokens touches
 ``E · (1 − (1 − k/E)^T)`` of the ``E`` experts (``touched_experts``): a decode batch reads a
 fraction of the expert weights, a prefill reads them all.
 
-Layouts (``MoELayout``):
+Layouts (``MoELayout``). vLLM shards a MoE layer over the whole ``TP × DP`` world ("MoE layers
+will be sharded according to the product of the tensor, prefill-context, and data parallel
+sizes", ``vllm/config/parallel.py``):
 
-* tensor parallel (default): every rank holds every expert at ``1/TP`` of its width; the
-  output joins the layer's all-reduce.
+* tensor parallel (default): every rank holds every expert at ``1 / (TP·DP)`` of its width;
 * expert parallel (``--enable-expert-parallel``): the experts are spread whole over the
-  ``TP × DP`` ranks (vLLM's EP group). Every rank computes its experts for the tokens of all
-  DP ranks, which the dispatch brings to it and the combine returns: with vLLM's default
-  ``allgather_reducescatter`` backend an all-gather of the DP ranks' hidden states and a
-  reduce-scatter of the outputs (NCCL tables); with a true all-to-all backend (DeepEP, pplx,
-  FlashInfer) each token goes to the ``min(k, ranks)`` ranks holding its experts and back
-  (NCCL all-to-all). With DP = 1 the tokens are already on every TP rank: no dispatch, and
-  the combine is the layer's all-reduce. DP ranks are assumed equally loaded (every rank's
-  step carries ``DP ×`` this rank's tokens through the experts); vLLM's lockstep with dummy
-  batches on idle ranks is not modelled.
+  ``TP × DP`` ranks (vLLM's EP group).
+
+With DP = 1 the tokens are already on every TP rank: no dispatch, and the combine is the
+layer's all-reduce. With DP > 1 every rank computes its shard for the tokens of all DP ranks,
+which the dispatch brings to it and the combine returns: with vLLM's default
+``allgather_reducescatter`` backend an all-gather of the DP ranks' hidden states and a
+reduce-scatter of the outputs (NCCL tables); with a true all-to-all backend (DeepEP, pplx,
+FlashInfer; expert parallel only) each token goes to the ``min(k, ranks)`` ranks holding its
+experts and back (NCCL all-to-all). DP ranks are assumed equally loaded (every rank's step
+carries ``DP ×`` this rank's tokens through the experts); vLLM's lockstep with dummy batches
+on idle ranks is not modelled.
 
 Expert time comes from the measured fused-MoE tables where the GPU, dtype, shape and MoE
 TP/EP are measured (``moe.csv``; EP or TP beyond the measured sizes is scaled from the largest
@@ -74,14 +77,19 @@ class MoELayout:
                               f"{self.all2all_backend!r}")
 
     @property
+    def world(self) -> int:
+        """Ranks the MoE layer is sharded over: TP × DP."""
+        return self.tensor_parallel_size * self.data_parallel_size
+
+    @property
     def ep_size(self) -> int:
-        """Ranks the experts are spread over (1: tensor-parallel experts)."""
-        return self.tensor_parallel_size * self.data_parallel_size if self.expert_parallel else 1
+        """Ranks the experts are spread over whole (1: tensor-parallel experts)."""
+        return self.world if self.expert_parallel else 1
 
     @property
     def moe_tp(self) -> int:
         """The slice of every expert's width one rank holds."""
-        return 1 if self.expert_parallel else self.tensor_parallel_size
+        return 1 if self.expert_parallel else self.world
 
 
 def _dtype_key(weight_dtype: str, model: ModelSpec) -> str:
@@ -144,9 +152,8 @@ class MoECost:
             f"{max(ref)}/{size} (estimate)")
 
     def routed_tokens(self, num_tokens: int) -> float:
-        """Tokens whose expert rows this rank computes: its own, or every DP rank's under EP."""
-        return float(num_tokens * (self.layout.data_parallel_size if self.layout.expert_parallel
-                                   else 1))
+        """Tokens whose expert rows this rank computes: every DP rank's (DP × its own)."""
+        return float(num_tokens * self.layout.data_parallel_size)
 
     def experts_s(self, num_tokens: int) -> float:
         """The fused-experts kernel of one layer for ``num_tokens`` tokens of this rank."""
@@ -201,21 +208,19 @@ def dense_estimate_us(gate_up: Curve, down: Curve, num_experts: int, top_k: int,
 
 
 class _EPComm:
-    """Dispatch and combine of an expert-parallel layer over the DP ranks (seconds)."""
+    """Dispatch and combine of a MoE layer over the DP ranks (seconds)."""
 
     def __init__(self, tables: KernelTables, layout: MoELayout, model: ModelSpec) -> None:
         self.layout = layout
         self.hidden_bytes = 2.0 * model.hidden_size  # bf16 hidden state of one token
         self.top_k = model.num_experts_per_token
-        self.source = "no dispatch (experts tensor-parallel)"
+        self.source = "no dispatch (DP 1: tokens on every rank; combine = all-reduce)"
         self._curves: tuple[Curve, ...] = ()
-        dp, world = layout.data_parallel_size, layout.ep_size
-        if not layout.expert_parallel or dp == 1:
-            if layout.expert_parallel:
-                self.source = "no dispatch (DP 1: tokens on every rank; combine = all-reduce)"
+        dp, world = layout.data_parallel_size, layout.world
+        if dp == 1:
             return
         measured = min(world, 8)  # NCCL tables cover one 8-GPU node
-        if layout.all2all_backend == "alltoall":
+        if layout.all2all_backend == "alltoall" and layout.expert_parallel:
             ops = ("alltoall", "alltoall")
         else:
             ops = ("all_gather", "reduce_scatter")
@@ -225,14 +230,14 @@ class _EPComm:
                               f"{tables.system} for expert-parallel dispatch")
         self._curves = tuple(c for c in curves if c is not None)
         beyond = f" (curves of {measured} GPUs)" if world > measured else ""
-        self.source = (f"NCCL {ops[0]} + {ops[1]} over {world} ranks, "
-                       f"{layout.all2all_backend}{beyond}")
+        backend = layout.all2all_backend if layout.expert_parallel else "allgather_reducescatter"
+        self.source = f"NCCL {ops[0]} + {ops[1]} over {world} ranks, {backend}{beyond}"
 
     def dispatch_combine_s(self, num_tokens: int) -> float:
         if not self._curves or num_tokens <= 0:
             return 0.0
         lay = self.layout
-        if lay.all2all_backend == "alltoall":
+        if lay.all2all_backend == "alltoall" and lay.expert_parallel:
             copies = min(self.top_k, lay.ep_size)
             nbytes = num_tokens * copies * self.hidden_bytes
         else:

@@ -10,8 +10,9 @@ bandwidth) + kernel floor`` (COST_MODEL.md §1):
   ``4·H/tp·d·q·(ctx + (q+1)/2)`` FLOPs and read their KV; decodes read ``ctx + 1`` tokens of KV;
 * LM head — only for the rows that sample this step;
 * mixture of experts — the experts a batch touches (``sim/cost/moe.py``) read their weights
-  and run their rows; under expert parallelism a rank holds ``E / EP`` whole experts and the
-  DP ranks' tokens come to it (a ring all-gather and reduce-scatter of their hidden states);
+  and run their rows; MoE layers are sharded over TP × DP (whole experts under expert
+  parallelism, slices otherwise) and with DP > 1 the DP ranks' tokens come to every rank (a
+  ring all-gather and reduce-scatter of their hidden states);
 * MLA — the projections as GEMMs and attention over the latent cache (``ModelSpec``'s KV
   bytes); sliding-window layers attend to at most the window;
 * tensor parallelism — two ring all-reduces of ``T·hidden`` activations per layer;
@@ -86,7 +87,7 @@ class RooflineCostModel:
         tensor_parallel_size: int = 1,
         params: RooflineParams | None = None,
         *,
-        expert_parallel_size: int = 1,
+        expert_parallel: bool = False,
         data_parallel_size: int = 1,
     ) -> None:
         self.model = model
@@ -128,9 +129,10 @@ class RooflineCostModel:
             self._gemms = (*((k, n) for n, k in mla["gemm.qkv"] + mla["gemm.o"]),
                            *self._gemms[2:])
         self._attn_gemms = len(self._gemms) - 2
-        self._ep = expert_parallel_size
         self._dp = data_parallel_size
-        fe = m.intermediate_size / (1 if self._ep > 1 else tp)
+        world = tp * data_parallel_size  # vLLM shards MoE layers over TP × DP
+        self._ep = world if expert_parallel else 1
+        fe = m.intermediate_size / (1 if expert_parallel else world)
         self._expert_gemms = ((h, 2 * fe), (fe, h))  # per expert: gate+up and down
         shared = m.shared_expert_intermediate_size / tp
         self._shared_gemms = ((h, 2 * shared), (shared, h)) if shared else ()
@@ -178,7 +180,7 @@ class RooflineCostModel:
             return total
         m = self.model
         # each token runs through top-k experts; the touched experts of this rank read weights
-        routed_tokens = tokens * (self._dp if self._ep > 1 else 1)
+        routed_tokens = tokens * self._dp  # every DP rank's tokens reach this rank
         touched = touched_experts(m.num_experts, m.num_experts_per_token, routed_tokens)
         touched = max(touched / self._ep, 1.0)
         rows = routed_tokens * m.num_experts_per_token / self._ep
@@ -237,11 +239,11 @@ class RooflineCostModel:
         return self._gemm_time(rows, self.model.hidden_size, self.model.vocab_size / tp)
 
     def _ep_comm_time(self, tokens: int) -> float:
-        """Expert-parallel dispatch and combine of every MoE layer (DP > 1): a ring all-gather
-        of the DP ranks' hidden states and a reduce-scatter back, over the EP group."""
-        if self._ep <= 1 or self._dp <= 1 or tokens == 0:
+        """Dispatch and combine of every MoE layer over the DP ranks (DP > 1): a ring
+        all-gather of their hidden states and a reduce-scatter back, over TP × DP."""
+        if not self.model.is_moe or self._dp <= 1 or tokens == 0:
             return 0.0
-        p, gpu = self._ep, self.gpu
+        p, gpu = self.tensor_parallel_size * self._dp, self.gpu
         nbytes = tokens * self._dp * self.model.hidden_size * self.params.activation_bytes
         one = (p - 1) / p * nbytes / (gpu.link_bw_bytes_s * gpu.allreduce_efficiency) + (
             gpu.allreduce_latency_s)

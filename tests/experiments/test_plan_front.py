@@ -45,11 +45,11 @@ def test_a_budget_holds_every_tp_and_dtype() -> None:
                                     quantizations=(None, "fp8"))} == {None}
 
 
-def test_moe_budgets_add_expert_parallel_groups_that_fill_the_budget() -> None:
+def test_moe_budgets_are_data_parallel_groups_with_and_without_ep() -> None:
     got = _layouts("mixtral-8x7b", "h100-sxm", 8)
-    ep = {(tp, dp) for tp, dp, e, _ in got if e}
-    assert ep == {(1, 8), (2, 4), (4, 2), (8, 1)}  # TP × DP = the budget, one EP group
-    assert {(tp, dp) for tp, dp, e, _ in got if not e} == {(1, 1), (2, 1), (4, 1), (8, 1)}
+    groups = {(1, 8), (2, 4), (4, 2), (8, 1)}  # TP × DP = the budget: vLLM shards MoE over it
+    assert {(tp, dp) for tp, dp, e, _ in got if e} == groups
+    assert {(tp, dp) for tp, dp, e, _ in got if not e} == groups
     assert not any(e for *_, e, _ in _layouts("mixtral-8x7b", "h100-sxm", 8,
                                               expert_parallel="off"))
     with pytest.raises(UserError, match="--expert-parallel on needs a mixture-of-experts"):
@@ -161,15 +161,19 @@ def test_serve_commands_deploy_the_layout() -> None:
     spec = PlanSpec(base={"model": "mixtral-8x7b", "kv_cache_dtype": "fp8",
                           "engine": {"max_num_seqs": 256}}, gpus=("h100-sxm",), num_gpus=8)
     ep = Candidate("h100-sxm", 2, 4, expert_parallel=True)
+    assert spec.replicas_in_budget(ep) == 1
     vllm, twin = serve_commands(spec, ep, 1)
     assert vllm == ("vllm serve mixtral-8x7b --tensor-parallel-size 2 --kv-cache-dtype fp8 "
                     "--max-num-seqs 256 --data-parallel-size 4 --enable-expert-parallel")
-    assert "not served by twinserve serve" in twin
+    assert "data-parallel MoE group is not served by twinserve serve" in twin
+    dense_spec = PlanSpec(base={"model": "llama-3.1-8b", "kv_cache_dtype": "fp8",
+                                "engine": {"max_num_seqs": 256}}, gpus=("h100-sxm",),
+                          num_gpus=8)
     dense = Candidate("h100-sxm", 4, 1, quantization="fp8")
-    vllm, twin = serve_commands(spec, dense, 2)
+    vllm, twin = serve_commands(dense_spec, dense, 2)
     assert vllm.endswith("--quantization fp8 --kv-cache-dtype fp8 --max-num-seqs 256 "
                          "--data-parallel-size 2")
-    assert twin.startswith("2 × [twinserve serve --emulate --model mixtral-8x7b --gpu "
+    assert twin.startswith("2 × [twinserve serve --emulate --model llama-3.1-8b --gpu "
                            "h100-sxm --tensor-parallel-size 4 --quantization fp8")
 
 
@@ -220,7 +224,6 @@ def test_bad_budget_input_is_one_line(args: list[str], message: str, tmp_path: P
 def test_budget_mode_math_is_consistent() -> None:
     spec = PlanSpec(base={"model": "llama-3.1-8b"}, gpus=("h100-sxm",), num_gpus=8)
     assert spec.replicas_in_budget(Candidate("h100-sxm", 2, 1)) == 4
-    assert spec.replicas_in_budget(Candidate("h100-sxm", 2, 4, expert_parallel=True)) == 1
     assert math.isclose(Candidate("h100-sxm", 2, 4).num_gpus, 8)
 
 

@@ -76,28 +76,43 @@ def test_unmeasured_shapes_use_the_grouped_gemm_efficiency() -> None:
 
 
 def test_expert_parallel_adds_dispatch_and_spreads_expert_weights() -> None:
-    base = dict(model="qwen3-30b-a3b", gpu="h100-sxm", tensor_parallel_size=2,
-                data_parallel_size=4)
-    tp = SimConfig(**base)
-    ep = SimConfig(**base, enable_expert_parallel=True)
-    assert ep.expert_parallel_size == 8
+    one = SimConfig(model="qwen3-30b-a3b", gpu="h100-sxm", tensor_parallel_size=2)
+    ep = SimConfig(model="qwen3-30b-a3b", gpu="h100-sxm", tensor_parallel_size=2,
+                   data_parallel_size=4, enable_expert_parallel=True)
+    assert ep.expert_parallel_size == ep.moe_shard_size == 8
     m = get_model("qwen3-30b-a3b")
     experts = m.routed_expert_params * m.expert_bytes
-    # TP 2: each GPU holds half of every expert; EP 8: an eighth of the experts, whole
-    assert kv_capacity(tp).weight_bytes - kv_capacity(ep).weight_bytes == pytest.approx(
+    # one TP-2 engine: each GPU holds half of every expert; EP over 8: an eighth, whole
+    assert kv_capacity(one).weight_bytes - kv_capacity(ep).weight_bytes == pytest.approx(
         experts / 2 - experts / 8)
-    assert kv_capacity(ep).num_gpu_blocks > kv_capacity(tp).num_gpu_blocks
-    tp_model, ep_model = make_cost_model(tp), make_cost_model(ep)
-    assert isinstance(tp_model, VllmStepCostModel) and isinstance(ep_model, VllmStepCostModel)
-    assert term(tp_model, decode(32, 1024), "moe.dispatch") == 0.0
-    d32, d256 = term(ep_model, decode(32, 1024), "moe.dispatch"), term(
-        ep_model, prefill(2048), "moe.dispatch")
-    assert 0 < d32 < d256
+    assert kv_capacity(ep).num_gpu_blocks > kv_capacity(one).num_gpu_blocks
+    one_model, ep_model = make_cost_model(one), make_cost_model(ep)
+    assert isinstance(one_model, VllmStepCostModel) and isinstance(ep_model, VllmStepCostModel)
+    assert term(one_model, decode(32, 1024), "moe.dispatch") == 0.0
+    d32, d2048 = (term(ep_model, s, "moe.dispatch") for s in (decode(32, 1024), prefill(2048)))
+    assert 0 < d32 < d2048
     assert "all_gather + reduce_scatter over 8 ranks" in ep_model.moe.comm_source
     a2a = make_cost_model(dataclasses.replace(ep, all2all_backend="alltoall"))
     assert isinstance(a2a, VllmStepCostModel) and "alltoall" in a2a.moe.comm_source
     # every rank computes its experts for all 4 DP ranks' tokens
     assert ep_model.moe.routed_tokens(32) == 128
+    assert ep_model.moe.source.startswith("measured fused MoE (bfloat16, MoE TP 1 EP 8")
+
+
+def test_data_parallel_moe_is_sharded_over_the_whole_world_as_vllm_does() -> None:
+    """Without EP vLLM still shards a MoE layer over TP × DP (slices of every expert) and
+    dispatches the DP ranks' tokens: the same bytes per GPU as EP, another kernel."""
+    tp = SimConfig(model="qwen3-30b-a3b", gpu="h100-sxm", tensor_parallel_size=2,
+                   data_parallel_size=4)
+    ep = dataclasses.replace(tp, enable_expert_parallel=True)
+    assert tp.moe_shard_size == 8 and tp.expert_parallel_size == 1
+    assert kv_capacity(tp).weight_bytes == pytest.approx(kv_capacity(ep).weight_bytes)
+    model = make_cost_model(tp)
+    assert isinstance(model, VllmStepCostModel)
+    assert model.moe.source.startswith("measured fused MoE (bfloat16, MoE TP 8 EP 1")
+    assert term(model, decode(32, 1024), "moe.dispatch") > 0
+    dense = SimConfig(model="llama-3.1-8b", data_parallel_size=4)
+    assert dense.moe_shard_size == 1  # dense replicas stay independent
 
 
 def test_expert_parallel_on_one_engine_has_no_dispatch() -> None:
@@ -162,7 +177,7 @@ _MODELS = {
     "qwen3-ep": lambda: VllmStepCostModel(get_model("qwen3-235b-a22b"), H200, 2,
                                           data_parallel_size=4, expert_parallel=True),
     "roofline-moe-ep": lambda: RooflineCostModel(get_model("qwen3-30b-a3b"), get_gpu("mi300x"),
-                                                 2, expert_parallel_size=4,
+                                                 2, expert_parallel=True,
                                                  data_parallel_size=2),
     "roofline-mla-swa": lambda: RooflineCostModel(get_model("gpt-oss-20b"), get_gpu("l4"), 4),
 }
