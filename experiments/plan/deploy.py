@@ -51,7 +51,13 @@ class Deployment:
 
     @property
     def tokens_per_s_per_gpu(self) -> float:
-        return self.metric("output_throughput") / self.num_gpus
+        """Output tokens/s per GPU of serving every arrival at the verified rate (the
+        measured output throughput when no rate was met)."""
+        if self.rate <= 0:
+            return self.metric("output_throughput") / self.num_gpus
+        from experiments.plan.front import served_throughput
+
+        return served_throughput(self.records, self.rate) / self.num_gpus
 
     @property
     def tokens_per_s_per_user(self) -> float:
