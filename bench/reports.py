@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.core.events import STEP_COLUMNS, EventKind, EventLog
+from engine.core.events import STEP_COLUMNS, EventKind, EventLog, StepColumns
 
 STEP_S = 0.015  # mean engine step
 
@@ -142,7 +142,9 @@ def _steps(log: EventLog, first: np.ndarray, last: np.ndarray, schedule: np.ndar
         "num_waiting": waiting, "kv_usage": kv, "admission_blocker": blockers, "cost_s": cost,
         "replica": np.zeros(m, dtype=np.int64),  # one engine (if the log has this column)
     }
-    log.record_steps({name: cols[name].tolist() for name in STEP_COLUMNS})
+    log.record_steps(
+        StepColumns.from_mapping({name: cols[name].tolist() for name in STEP_COLUMNS})
+    )
     for step_id, t in zip(range(m), delivered.tolist(), strict=True):
         log.record_delivery(step_id, t)
 

@@ -10,7 +10,7 @@ from functools import cache
 from importlib import metadata
 from pathlib import Path
 
-from engine.core.compiled import loaded_compiled_modules
+from engine.compiled import loaded_compiled_modules
 from reports.meta import Provenance
 
 

@@ -1,3 +1,5 @@
 """The simulated world around the engine core (SimPy runtime, workloads, cost models)."""
 
-import engine.core  # noqa: F401  (checks the compiled build before any sim module loads)
+from engine.compiled import guard_compiled_build
+
+guard_compiled_build()  # before any compiled sim module loads: see engine/compiled.py

@@ -7,9 +7,9 @@ roofline with efficiencies carried over from a calibrated GPU — an estimate, w
 (``GPUSpec.calibration``).
 
 Peaks are dense (no sparsity) datasheet values; ``sources`` names where each row's facts come
-from (the full list with notes is in docs/hardware.md). Roofline efficiencies (fractions of a
+from (the full list with notes is in docs/catalog.md). Roofline efficiencies (fractions of a
 peak a real kernel reaches) are calibrated on measured operator times — the Vidur project's MLP
-profiles (``sim/data/profiles``) — by ``sim/cost/calibrate_roofline.py`` (``docs/roofline.md``);
+profiles (``sim/data/profiles``) — by ``sim/cost/calibration/roofline.py`` (``docs/roofline.md``);
 ``efficiency_source`` says which GPU's fit a row uses.
 """
 
@@ -73,7 +73,7 @@ class GPUSpec:
         return self.nvlink_gbps * 1e9 / 2
 
 
-# Efficiencies: fitted by sim/cost/calibrate_roofline.py on shared/data/profiles/vidur (copied to
+# Efficiencies: fitted by sim/cost/calibration/roofline.py on shared/data/profiles/vidur (copied to
 # sim/data/profiles) for H100 SXM and A100 80 GB; every other GPU carries one of those fits over.
 _H100 = (0.66, 0.85, 28e-6, 0.74)  # compute, memory, all-reduce latency s, all-reduce
 _A100 = (0.69, 0.71, 43e-6, 0.53)
@@ -186,7 +186,8 @@ GPUS: dict[str, GPUSpec] = {
             efficiency_source="carried over from the H100 fit (no measured AMD data)",
             sm_version=0, interconnect="AMD Infinity Fabric (xGMI), 7 links, direct mesh",
             sources="AMD MI300X datasheet (1307.4 bf16 / 2614.9 fp8 dense, 192 GB HBM3, "
-            "5.3 TB/s) as quoted in alpharomercoma/MI300X-vs-H200 METHODOLOGY.md; 7 × 128 GB/s "
+            "5.3 TB/s) as quoted in the methodology notes of GitHub "
+            "alpharomercoma/MI300X-vs-H200; 7 × 128 GB/s "
             "Infinity Fabric links (wheelersnetwork.com); usable memory an estimate",
         ),
         GPUSpec(

@@ -6,7 +6,7 @@ the GPU (it starts when both it and the GPU are ready, and lasts the cost model'
 and, when the batch queue says so, wait for the oldest batch and ``finish_step`` it. Each
 applied step's outputs go through this replica's output processor to the clients.
 
-When the engine state is a uniform decode run (``engine.core.fast_forward``) the replica
+When the engine state is a uniform decode run (``engine/core/bulk``) the replica
 applies as many identical iterations as fit before its horizon in one go, computing the same
 timeline the step-by-step loop would.
 """
@@ -18,11 +18,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import Final
 
+from engine.core.bulk.records import AppliedRun, RunTiming
+from engine.core.bulk.run import BulkRun
 from engine.core.config import EngineConfig
-from engine.core.engine_core import EngineCore, RunTiming
+from engine.core.engine_core import EngineCore
 from engine.core.events import EventKind, EventLog
-from engine.core.fast_apply import AppliedRun
-from engine.core.fast_forward import BulkRun
 from engine.core.interfaces import CostModel
 from engine.core.outputs import EngineCoreOutput
 from engine.core.request import Request

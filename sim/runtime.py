@@ -16,7 +16,7 @@ very code the golden replays check) at its centre:
 Every stage writes the core's event records. For speed the engine runs ahead of the SimPy
 clock up to the *horizon* — the earliest time anything outside the engine could change what it
 sees (the next request reaching its input queue, or the client's next possible send) — and
-applies runs of identical decode steps in bulk (``engine.core.fast_forward``), exactly.
+applies runs of identical decode steps in bulk (``engine/core/bulk``), exactly.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if os.environ.get("TWINSERVE_TEST_COMPILED") == "1":
         return
     import sim.runtime  # noqa: F401  (imports every compiled module, if any is in use)
-    from engine.core.compiled import loaded_compiled_modules
+    from engine.compiled import loaded_compiled_modules
 
     compiled = loaded_compiled_modules()
     if compiled:

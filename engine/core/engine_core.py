@@ -17,49 +17,15 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from engine.core.bulk.apply import apply_bulk_run
+from engine.core.bulk.find import find_bulk_run
+from engine.core.bulk.records import AppliedRun, RunTiming, run_step_columns
+from engine.core.bulk.run import BulkRun
 from engine.core.config import EngineConfig
-from engine.core.events import EventKind, EventLog
-from engine.core.fast_apply import AppliedRun, apply_bulk_run
-from engine.core.fast_forward import BulkRun, find_bulk_run
-from engine.core.outputs import (
-    AdmissionBlocker,
-    EngineCoreOutput,
-    ModelRunnerOutput,
-    SchedulerOutput,
-)
+from engine.core.events import EventKind, EventLog, StepRecord
+from engine.core.outputs import EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
 from engine.core.request import Request, RequestStatus
 from engine.core.scheduler import Scheduler
-
-
-@dataclass(frozen=True, slots=True)
-class RunTiming:
-    """Times of a bulk-applied uniform decode run, from the driver's timeline (seconds).
-
-    ``schedule_time_s[k]`` is when iteration k called schedule(); the other lists describe the
-    steps whose outputs the iterations applied, in order (under async scheduling the first of
-    them is the batch that was already in flight).
-    """
-
-    schedule_time_s: list[float]
-    execute_start_s: list[float]
-    execute_end_s: list[float]
-    update_time_s: list[float]
-    cost_s: list[float]
-
-    # Written-out __init__s: compiled by mypyc (see engine/core/outputs.py's docstring).
-    def __init__(
-        self,
-        schedule_time_s: list[float],
-        execute_start_s: list[float],
-        execute_end_s: list[float],
-        update_time_s: list[float],
-        cost_s: list[float],
-    ) -> None:
-        object.__setattr__(self, "schedule_time_s", schedule_time_s)
-        object.__setattr__(self, "execute_start_s", execute_start_s)
-        object.__setattr__(self, "execute_end_s", execute_end_s)
-        object.__setattr__(self, "update_time_s", update_time_s)
-        object.__setattr__(self, "cost_s", cost_s)
 
 
 @dataclass(slots=True)
@@ -162,21 +128,23 @@ class EngineCore:
 
     # -- bulk runs ------------------------------------------------------------------------------
     def find_bulk_run(self, token_id: int) -> BulkRun | None:
-        """Before ``begin_step``: the iterations that could be bulk-applied from here."""
-        return find_bulk_run(self, token_id)
+        """Before ``begin_step``: the iterations that could be bulk-applied from here (see
+        ``engine/core/bulk``). A run starts with one batch in flight under async scheduling and
+        with none otherwise."""
+        in_flight = self._in_flight
+        if len(in_flight) != self.batch_queue_size - 1:
+            return None
+        pending = in_flight[0].sched_out if in_flight else None
+        return find_bulk_run(self.scheduler, pending, token_id)
 
     def apply_bulk_run(
         self, run: BulkRun, num_iterations: int, token_id: int, timing: RunTiming
     ) -> AppliedRun:
         """Apply ``num_iterations`` iterations of ``run`` exactly as step-by-step execution
         would, with every sampling request sampling ``token_id``; records tokens and steps."""
-        if any(len(v) != num_iterations for v in (
-            timing.schedule_time_s, timing.execute_start_s, timing.execute_end_s,
-            timing.update_time_s, timing.cost_s,
-        )):
-            raise ValueError("RunTiming lists must each hold num_iterations entries")
+        timing.check_length(num_iterations)
         previous = self._in_flight[0] if run.is_async else None
-        applied = apply_bulk_run(self, run, num_iterations, token_id)
+        applied = apply_bulk_run(self.scheduler, run, num_iterations, token_id)
         if previous is not None:
             self._in_flight.popleft()
         if applied.last_scheduled is not None:
@@ -219,11 +187,11 @@ class EngineCore:
             self._record_finish(requests[run.finish_order[pos]].req_id, "length", updates[f])
         usable = self.scheduler.kv_cache_manager.block_pool.num_gpu_blocks - 1
         # Under async scheduling the first applied step is the batch that was in flight: its
-        # own row. The iterations' schedules are the rest.
+        # own record. The iterations' schedules are the rest.
         skip = 0
         if previous is not None:
             skip = 1
-            log.record_step_row(_step_row(
+            log.record_step(_step_record(
                 previous.sched_out,
                 previous.schedule_time_s,
                 timing.execute_start_s[0],
@@ -237,45 +205,8 @@ class EngineCore:
                 timing.cost_s[0],
                 self.replica,
             ))
-        m = k_total - skip
-        if not m:
-            return
-        num_reqs, num_tokens, prefill_reqs, prefill_tokens, num_decodes, context_sum = (
-            run.step_columns(m)
-        )
-        zeros = [0] * m
-        new_reqs = zeros
-        if run.admitted:
-            new_reqs = [0] * m
-            new_reqs[0] = 1
-        if run.num_waiting:
-            blockers = [str(b) for b in run.blockers[:m]]
-        else:
-            blockers = [str(AdmissionBlocker.NONE)] * m
-        log.record_step_columns((  # STEP_COLUMNS order, as _step_row builds it
-            list(range(first_step + skip, first_step + k_total)),
-            timing.schedule_time_s[:m],
-            timing.execute_start_s[skip:],
-            timing.execute_end_s[skip:],
-            updates[skip:],
-            num_reqs,
-            num_tokens,
-            prefill_reqs,
-            prefill_tokens,
-            num_decodes,
-            context_sum,
-            applied.sampled_per_step[skip:],
-            new_reqs,
-            zeros,
-            zeros,
-            applied.finished_per_step[skip:],
-            applied.num_running_after[skip:],
-            [run.num_waiting] * m,
-            [1.0 - free / usable for free in applied.free_blocks_after[skip:]],
-            blockers,
-            timing.cost_s[skip:],
-            [self.replica] * m,
-        ))
+        if k_total > skip:
+            log.record_steps(run_step_columns(run, applied, timing, skip, usable, self.replica))
 
     # -- events ---------------------------------------------------------------------------------
     def _record_schedule(self, out: SchedulerOutput, now: float) -> None:
@@ -325,7 +256,7 @@ class EngineCore:
             num_sampled += len(o.new_token_ids)
             if o.finish_reason is not None:
                 num_finished += 1
-        self.event_log.record_step_row(_step_row(
+        self.event_log.record_step(_step_record(
             out,
             flight.schedule_time_s,
             flight.schedule_time_s if execute_start_s is None else execute_start_s,
@@ -341,7 +272,7 @@ class EngineCore:
         ))
 
 
-def _step_row(
+def _step_record(
     out: SchedulerOutput,
     schedule_time_s: float,
     execute_start_s: float,
@@ -354,11 +285,13 @@ def _step_row(
     kv_usage: float,
     cost_s: float,
     replica: int,
-) -> tuple[object, ...]:
-    """One applied step as a row in ``STEP_COLUMNS`` order (see ``StepRecord`` for each field):
-    the batch's own columns from ``out``, the rest as the caller observed them."""
+) -> StepRecord:
+    """One applied step: the batch's own fields from ``out``, the rest as the caller observed
+    them."""
     shape = out.batch_shape
-    return (
+    # positional, in field order: every step passes here, and from the Python sources a call
+    # with 22 keywords costs three times as much
+    return StepRecord(
         out.step_id,
         schedule_time_s,
         execute_start_s,
@@ -366,14 +299,14 @@ def _step_row(
         update_time_s,
         shape.num_reqs,
         shape.num_tokens,
-        len(shape.prefill_query_lens),
-        shape.num_tokens - shape.num_decode_reqs,
+        len(shape.prefill_query_lens),  # num_prefill_reqs
+        shape.num_tokens - shape.num_decode_reqs,  # num_prefill_tokens
         shape.num_decode_reqs,
         shape.decode_context_sum,
         num_sampled,
-        len(out.scheduled_new_reqs),
-        len(out.scheduled_cached_reqs.resumed_req_ids),
-        len(out.preempted_req_ids),
+        len(out.scheduled_new_reqs),  # num_new_reqs
+        len(out.scheduled_cached_reqs.resumed_req_ids),  # num_resumed_reqs
+        len(out.preempted_req_ids),  # num_preempted_reqs
         num_finished,
         num_running,
         num_waiting,

@@ -5,9 +5,9 @@ Every metric of a report is derived from this log, identically for simulated and
 Stage events (arrival, front end, engine queue, scheduling, preemption, finish) are stored as
 rows. Token events are stored compactly, because a run produces one per generated token:
 
-* every engine step ``s`` has one ``StepRecord`` (when it was scheduled, ran, was applied), and
-  the output path later records when that step's outputs reached the client
-  (``record_delivery``);
+* every engine step ``s`` has one ``StepRecord`` (when it was scheduled, ran, was applied;
+  ``step_records.py``), and the output path later records when that step's outputs reached
+  the client (``record_delivery``);
 * each request's tokens are kept as *runs* ``(req, first_step, num_tokens)``: a request that
   gets one token in each of steps ``s, s+1, …, s+n-1`` is one run. Token ``i`` of a run was
   produced at ``steps[first_step + i].update_time_s`` and delivered at the step's delivery time.
@@ -20,11 +20,16 @@ requests.
 from __future__ import annotations
 
 import enum
-import struct
 from array import array
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, fields
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, Final
+
+# Re-exported: the step records are part of the log's interface (reports read STEP_COLUMNS).
+from engine.core.step_records import STEP_COLUMNS as STEP_COLUMNS
+from engine.core.step_records import STEP_TYPECODES, typed_column
+from engine.core.step_records import StepColumns as StepColumns
+from engine.core.step_records import StepRecord as StepRecord
 
 
 class EventKind(enum.IntEnum):
@@ -53,62 +58,9 @@ class RequestEvent:
     payload: int | str | None = None  # kind-specific (see EventKind)
 
 
-@dataclass(frozen=True, slots=True)
-class StepRecord:
-    """One engine step (one ``schedule()`` and its applied output)."""
-
-    step_id: int  # index of the schedule() call
-    schedule_time_s: float  # when schedule() ran
-    execute_start_s: float  # when the executor started the batch
-    execute_end_s: float  # when the executor finished it
-    update_time_s: float  # when update_from_output applied it (token time in the engine)
-    num_reqs: int  # scheduled requests
-    num_tokens: int  # scheduled tokens
-    num_prefill_reqs: int  # requests computing > 1 token
-    num_prefill_tokens: int
-    num_decode_reqs: int  # requests computing exactly 1 token
-    decode_context_sum: int  # Σ cached context of the decodes
-    num_sampled_tokens: int  # output tokens this step produced
-    num_new_reqs: int  # first admissions
-    num_resumed_reqs: int  # resumptions after preemption
-    num_preempted_reqs: int  # preemptions during schedule()
-    num_finished_reqs: int  # requests finished by this update
-    num_running: int  # after the update
-    num_waiting: int  # after the update
-    kv_usage: float  # 1 - free / usable blocks, after the update
-    admission_blocker: str  # why admissions stopped this step ("" if the queue drained)
-    cost_s: float  # the step time the executor reported (simulated or measured)
-    replica: int  # data-parallel rank of the engine that ran the step
-
-
-STEP_COLUMNS: Final[tuple[str, ...]] = tuple(f.name for f in fields(StepRecord))
-_INT_STEP_COLUMNS = frozenset(
-    f.name for f in fields(StepRecord) if f.type in ("int", int)
-)
-
-
 #: Steps buffered (as Python objects) before they are converted into the typed columns
 #: (≈ 400 bytes a step: a few MB at most).
 STEP_ROWS_BUFFERED: Final = 16384
-
-
-def _typed_block(name: str, typecode: str, values: list[object]) -> Any:
-    """``values`` as an ``array(typecode)``: packed by ``struct`` (about twice as fast per
-    value as ``array.fromlist``), with the same type rules — ints for integer columns, ints or
-    floats for float columns, nothing that does not fit."""
-    block: Any = array(typecode)
-    try:
-        block.frombytes(struct.pack(f"{len(values)}{typecode}", *values))
-        return block
-    except (struct.error, TypeError, OverflowError):
-        pass
-    block = array(typecode)  # array's own conversion decides (and words the error)
-    try:
-        block.fromlist(values)
-    except (TypeError, OverflowError) as exc:
-        kind = "floats" if typecode == "d" else "integers"
-        raise TypeError(f"step column {name!r} takes {kind}: {exc}") from None
-    return block
 
 
 class EventLog:
@@ -129,16 +81,10 @@ class EventLog:
         self._open_runs: dict[int, list[int]] = {}  # req index -> [first_step, count]
         # steps
         self._steps: dict[str, array[int] | array[float] | list[str]] = {
-            name: (
-                [] if name == "admission_blocker"
-                else array("q") if name in ("step_id", "decode_context_sum")
-                else array("i") if name in _INT_STEP_COLUMNS or name == "replica"
-                else array("d")
-            )
-            for name in STEP_COLUMNS
+            name: array(code) if code else [] for name, code in STEP_TYPECODES.items()
         }
-        # steps not yet in the typed columns: rows, and column buffers (bulk runs) before them
-        self._step_rows: list[tuple[object, ...]] = []
+        # steps not yet in the typed columns: single records, and column buffers before them
+        self._step_records: list[StepRecord] = []
         self._step_buf: list[list[object]] = [[] for _ in STEP_COLUMNS]
         self._num_buffered = 0  # steps in the column buffers
         # step deliveries as two parallel typed arrays (a dict would cost ~100 bytes a step)
@@ -198,71 +144,68 @@ class EventLog:
                 self._close_run(idx, run)
 
     def record_step(self, step: StepRecord) -> None:
-        self.record_step_row(tuple(getattr(step, name) for name in STEP_COLUMNS))
+        """One engine step. Its values are converted, and their types checked, when the
+        buffered steps join the typed columns (``steps_columns``, or every
+        ``STEP_ROWS_BUFFERED`` steps): a value that does not fit then raises ``TypeError``
+        naming its column, and no buffered step joins."""
+        self._step_records.append(step)
+        if len(self._step_records) + self._num_buffered >= STEP_ROWS_BUFFERED:
+            self._flush_steps()
 
-    def record_step_row(self, row: tuple[object, ...]) -> None:
-        """One step as a tuple in ``STEP_COLUMNS`` order (the engine's cheap path: values are
-        converted, and their types checked, when the buffered steps join the typed columns)."""
-        self._step_rows.append(row)
-        if len(self._step_rows) + self._num_buffered >= STEP_ROWS_BUFFERED:
-            self._flush_step_rows()
-
-    def record_step_rows(self, rows: Iterable[tuple[object, ...]]) -> None:
-        """Several ``record_step_row`` rows at once."""
-        self._step_rows.extend(rows)
-        if len(self._step_rows) + self._num_buffered >= STEP_ROWS_BUFFERED:
-            self._flush_step_rows()
-
-    def record_step_columns(self, columns: Sequence[Sequence[object]]) -> None:
-        """Several steps at once, one equal-length list per ``StepRecord`` field in
-        ``STEP_COLUMNS`` order (the bulk path's records: no rows are built). Like rows, the
-        values are converted and type-checked when the buffered steps join the typed
-        columns; ``record_steps`` checks at once."""
-        num_columns = len(STEP_COLUMNS)
-        if len(columns) != num_columns:
-            raise ValueError(f"record_step_columns needs {num_columns} columns")
-        n = len(columns[0])
-        for j in range(num_columns):
-            if len(columns[j]) != n:
-                raise ValueError("record_step_columns needs equal-length columns")
-        self._rows_to_buffer()
+    def record_steps(self, steps: StepColumns) -> None:
+        """Several engine steps at once (``StepColumns.from_mapping`` checks columns from
+        outside first). Unequal columns raise ``ValueError`` at once; values are checked as
+        ``record_step``'s are, when the steps join the typed columns."""
+        lists = steps.lists()
+        n = len(lists[0])
+        for column in lists:
+            if len(column) != n:
+                raise ValueError("record_steps needs equal-length columns")
+        self._records_to_buffer()
         buf = self._step_buf
-        for j in range(num_columns):
-            buf[j].extend(columns[j])
+        for j in range(len(lists)):
+            buf[j].extend(lists[j])
         self._num_buffered += n
         if self._num_buffered >= STEP_ROWS_BUFFERED:
-            self._flush_step_rows()
+            self._flush_steps()
 
-    def record_steps(self, columns: Mapping[str, Sequence[object]]) -> None:
-        """Append several steps at once: one equal-length sequence per ``StepRecord`` field.
-
-        Every column is converted to its type first: a value that does not fit raises
-        ``TypeError`` naming the column, and nothing is recorded.
-        """
-        lengths = {len(v) for v in columns.values()}
-        if set(columns) != set(STEP_COLUMNS) or len(lengths) != 1:
-            raise ValueError("record_steps needs one equal-length list per StepRecord field")
-        self._flush_step_rows()
-        self._append_columns([list(columns[name]) for name in STEP_COLUMNS])
-
-    def _rows_to_buffer(self) -> None:
-        """Move the buffered rows into the column buffers."""
-        rows = self._step_rows
-        if not rows:
+    def _records_to_buffer(self) -> None:
+        """Move the buffered records into the column buffers (in ``STEP_COLUMNS`` order)."""
+        records = self._step_records
+        if not records:
             return
-        buf = self._step_buf
-        num_columns = len(STEP_COLUMNS)
-        for row in rows:
-            if len(row) != num_columns:
-                raise ValueError(f"a step row has {num_columns} fields, got {len(row)}")
-            for j in range(num_columns):
-                buf[j].append(row[j])
-        self._num_buffered += len(rows)
-        self._step_rows = []
+        # written out field by field (no row tuples): every step passes here
+        (b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10,
+         b11, b12, b13, b14, b15, b16, b17, b18, b19, b20, b21) = self._step_buf
+        for r in records:
+            b0.append(r.step_id)
+            b1.append(r.schedule_time_s)
+            b2.append(r.execute_start_s)
+            b3.append(r.execute_end_s)
+            b4.append(r.update_time_s)
+            b5.append(r.num_reqs)
+            b6.append(r.num_tokens)
+            b7.append(r.num_prefill_reqs)
+            b8.append(r.num_prefill_tokens)
+            b9.append(r.num_decode_reqs)
+            b10.append(r.decode_context_sum)
+            b11.append(r.num_sampled_tokens)
+            b12.append(r.num_new_reqs)
+            b13.append(r.num_resumed_reqs)
+            b14.append(r.num_preempted_reqs)
+            b15.append(r.num_finished_reqs)
+            b16.append(r.num_running)
+            b17.append(r.num_waiting)
+            b18.append(r.kv_usage)
+            b19.append(r.admission_blocker)
+            b20.append(r.cost_s)
+            b21.append(r.replica)
+        self._num_buffered += len(records)
+        self._step_records = []
 
-    def _flush_step_rows(self) -> None:
+    def _flush_steps(self) -> None:
         """Convert every buffered step into the typed columns (all of them, or none)."""
-        self._rows_to_buffer()
+        self._records_to_buffer()
         if not self._num_buffered:
             return
         self._append_columns(self._step_buf)
@@ -270,17 +213,11 @@ class EventLog:
         self._num_buffered = 0
 
     def _append_columns(self, columns: list[list[object]]) -> None:
-        """Convert each column (``STEP_COLUMNS`` order) to its typed array, then append them
-        all (or nothing: a value that does not fit raises ``TypeError`` naming its column)."""
-        converted: list[Any] = []
-        for name, values in zip(STEP_COLUMNS, columns, strict=True):
-            col: Any = self._steps[name]
-            if type(col) is list:
-                if not all(isinstance(v, str) for v in values):
-                    raise TypeError(f"step column {name!r} takes strings")
-                converted.append(values)
-                continue
-            converted.append(_typed_block(name, col.typecode, values))
+        """Convert each column (``STEP_COLUMNS`` order) to its storage, then append them all
+        (or nothing: a value that does not fit raises ``TypeError`` naming its column)."""
+        converted = [
+            typed_column(name, values) for name, values in zip(STEP_COLUMNS, columns, strict=True)
+        ]
         for name, block in zip(STEP_COLUMNS, converted, strict=True):
             self._steps[name].extend(block)
 
@@ -302,7 +239,7 @@ class EventLog:
         follow. Call once, after the run."""
         import numpy as np
 
-        self._flush_step_rows()
+        self._flush_steps()
         ids = np.asarray(self._steps["step_id"], dtype=np.int64)
         if ids.size == 0:
             return
@@ -333,7 +270,7 @@ class EventLog:
     # -- reading --------------------------------------------------------------------------------
     @property
     def num_steps(self) -> int:
-        return len(self._steps["step_id"]) + self._num_buffered + len(self._step_rows)
+        return len(self._steps["step_id"]) + self._num_buffered + len(self._step_records)
 
     def events_columns(self) -> dict[str, object]:
         """Stage events as columns: req_index, kind, time_s, payload."""
@@ -359,7 +296,7 @@ class EventLog:
         return {"req_index": req, "first_step": first, "num_tokens": count}
 
     def steps_columns(self) -> dict[str, object]:
-        self._flush_step_rows()
+        self._flush_steps()
         return dict(self._steps)
 
     def delivered_times(self) -> dict[int, float]:
@@ -393,7 +330,7 @@ class EventLog:
             )
         ]
         if expand_tokens:
-            self._flush_step_rows()
+            self._flush_steps()
             step_ids = self._steps["step_id"]
             update_times = self._steps["update_time_s"]
             time_of = dict(zip(step_ids, update_times, strict=True))

@@ -11,8 +11,10 @@ an equal prefix. Two sources feed the same KV cache manager:
   full prompt block (already prefix-chained by construction); blocks that contain generated tokens
   get keys unique to the request, since placeholder outputs are never shared.
 
-Only *full* blocks are hashed; a hasher extends ``request.block_hashes`` when tokens complete a
-block.
+Only *full* blocks are hashed. A hasher reads what it needs of a request (``TokenSource``: its
+hashes so far and its tokens) and returns the hashes of the blocks completed since; the request
+appends them (``Request.hash_full_blocks``). Hashers hold no per-request state of their own but
+the workload's keys, and never write to a request.
 """
 
 from __future__ import annotations
@@ -20,10 +22,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections.abc import Hashable, Sequence
-from typing import TYPE_CHECKING, Final, Protocol
-
-if TYPE_CHECKING:
-    from engine.core.request import Request
+from typing import Final, Protocol
 
 BlockHash = Hashable
 
@@ -31,12 +30,36 @@ BlockHash = Hashable
 NONE_HASH: bytes = hashlib.sha256(b"twinserve-none-hash").digest()
 
 
+class TokenSource(Protocol):
+    """What a hasher reads of a request (``Request`` has these)."""
+
+    @property
+    def block_hashes(self) -> Sequence[BlockHash]:
+        """Hashes of its first full blocks, in order (the ones hashed so far)."""
+        ...
+
+    @property
+    def num_tokens(self) -> int:
+        """Known tokens: prompt + outputs."""
+        ...
+
+    @property
+    def num_prompt_tokens(self) -> int: ...
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        """Prompt + output token ids (raises ValueError for a request that carries none)."""
+        ...
+
+
 class BlockHasher(Protocol):
-    """Extends a request's ``block_hashes`` to cover all of its full blocks."""
+    """Hashes the full blocks a request's known tokens complete."""
 
     block_size: int
 
-    def extend(self, request: Request) -> None: ...
+    def hash_new_blocks(self, request: TokenSource) -> list[BlockHash]:
+        """The hashes of the full blocks after ``request.block_hashes`` (empty: none)."""
+        ...
 
 
 def hash_block_tokens(parent: bytes, token_ids: Sequence[int]) -> bytes:
@@ -56,15 +79,24 @@ class TokenBlockHasher:
             raise ValueError(f"block_size must be positive, got {block_size}")
         self.block_size = block_size
 
-    def extend(self, request: Request) -> None:
+    def hash_new_blocks(self, request: TokenSource) -> list[BlockHash]:
+        hashes = list(request.block_hashes)
+        return self.hashes_after(hashes, request.all_token_ids, request.num_tokens)
+
+    def hashes_after(
+        self, block_hashes: list[BlockHash], token_ids: list[int], num_tokens: int
+    ) -> list[BlockHash]:
+        """The hashes of the full blocks of ``token_ids[:num_tokens]`` after ``block_hashes``
+        (the request's own call: native when compiled, no protocol in between, and lists, whose
+        indexing and slicing compile to list operations)."""
         bs = self.block_size
-        hashes = request.block_hashes
-        tokens = request.all_token_ids
-        parent = hashes[-1] if hashes else NONE_HASH
-        for start in range(len(hashes) * bs, request.num_tokens - bs + 1, bs):
+        parent = block_hashes[-1] if block_hashes else NONE_HASH
+        new: list[BlockHash] = []
+        for start in range(len(block_hashes) * bs, num_tokens - bs + 1, bs):
             assert isinstance(parent, bytes)
-            parent = hash_block_tokens(parent, tokens[start : start + bs])
-            hashes.append(parent)
+            parent = hash_block_tokens(parent, token_ids[start : start + bs])
+            new.append(parent)
+        return new
 
 
 #: Bits of a generated block's index inside its int key (``PrecomputedBlockHasher``).
@@ -97,28 +129,33 @@ class PrecomputedBlockHasher:
         self._int_keys = uid >= 0
         self._gen_base = -((uid + 1) << _GEN_INDEX_BITS) if uid >= 0 else 0
 
-    def extend(self, request: Request) -> None:
-        bs = self.block_size
-        hashes = request.block_hashes
-        num_full = request.num_tokens // bs
-        i = len(hashes)
+    def hash_new_blocks(self, request: TokenSource) -> list[BlockHash]:
+        return self.keys(len(request.block_hashes), request.num_tokens, request.num_prompt_tokens)
+
+    def keys(self, num_hashed: int, num_tokens: int, num_prompt_tokens: int) -> list[BlockHash]:
+        """The keys of full blocks ``num_hashed`` .. ``num_tokens // block_size − 1`` (the
+        request's own call: native when compiled, no protocol in between)."""
+        i = num_hashed
+        num_full = num_tokens // self.block_size
         if i >= num_full:
-            return
+            return []
+        new: list[BlockHash] = []
         given = self.prompt_block_hashes
-        num_given = min(len(given), request.num_prompt_tokens // bs)
+        num_given = min(len(given), num_prompt_tokens // self.block_size)
         if i < num_given:
-            hashes.extend(given[i : min(num_full, num_given)])
-            i = len(hashes)
+            new.extend(given[i : min(num_full, num_given)])
+            i += len(new)
             if i >= num_full:
-                return
+                return new
         if self._int_keys:
             base = self._gen_base
             if num_full - i == 1:
-                hashes.append(base + i)
+                new.append(base + i)
             else:
-                hashes.extend(range(base + i, base + num_full))
-            return
+                new.extend(range(base + i, base + num_full))
+            return new
         uid = self.unique_id
         while i < num_full:
-            hashes.append(("gen", uid, i))
+            new.append(("gen", uid, i))
             i += 1
+        return new

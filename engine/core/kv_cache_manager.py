@@ -222,6 +222,11 @@ class KVCacheManager:
                 self.cache_blocks(request, num_full * self.block_size)
         return new_blocks
 
+    def append_blocks(self, request: Request, num_blocks: int) -> None:
+        """Append ``num_blocks`` new blocks to the request's table, unchecked: the bulk path's
+        allocation (``engine/core/bulk``), which has bounded its blocks by the free ones."""
+        request.block_ids.extend(self.block_pool.get_new_blocks(num_blocks))
+
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Register the request's full blocks covering its first ``num_tokens`` tokens
         (nothing when prefix caching is off)."""

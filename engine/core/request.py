@@ -16,7 +16,7 @@ import enum
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from engine.core.hashing import PrecomputedBlockHasher
+from engine.core.hashing import PrecomputedBlockHasher, TokenBlockHasher
 
 # Re-exported: validation stays interpreted when this module is compiled (see the module).
 from engine.core.sampling_params import SamplingParams as SamplingParams
@@ -180,6 +180,16 @@ class Request:
         self.num_tokens += 1
         self.hash_full_blocks()
 
+    def append_output_tokens(self, token_id: int, count: int) -> None:
+        """Append ``count`` copies of one token (a bulk run's outputs: ``engine/core/bulk``)
+        without stop checks, and hash the blocks they complete."""
+        tokens = [token_id] * count
+        self.output_token_ids.extend(tokens)
+        if self._all_token_ids is not None:
+            self._all_token_ids.extend(tokens)
+        self.num_tokens += count
+        self.hash_full_blocks()
+
     def append_sampled_token(self, token_id: int, max_model_len: int) -> bool:
         """Append one sampled token, then apply vLLM 0.33.0's ``check_stop`` to it.
 
@@ -211,17 +221,19 @@ class Request:
 
     def hash_full_blocks(self) -> None:
         """Extend ``block_hashes`` to every full block of the known tokens (if a block became
-        full since the last call)."""
+        full since the last call): the hasher returns the new hashes, the request keeps them."""
         hasher = self.block_hasher
-        # The two branches read alike, but compiled, the first one's calls are native (the
-        # simulator's hasher) and the second one's go through the protocol.
+        hashes = self.block_hashes
+        # Compiled, the simulator's hasher is tested and called natively on every token; the
+        # real one is called natively once a block is full.
         if isinstance(hasher, PrecomputedBlockHasher):
-            if self.num_tokens >= (len(self.block_hashes) + 1) * hasher.block_size:
-                hasher.extend(self)
-        elif hasher is not None and (
-            self.num_tokens >= (len(self.block_hashes) + 1) * hasher.block_size
-        ):
-            hasher.extend(self)
+            if self.num_tokens >= (len(hashes) + 1) * hasher.block_size:
+                hashes.extend(hasher.keys(len(hashes), self.num_tokens, self.num_prompt_tokens))
+        elif hasher is not None and self.num_tokens >= (len(hashes) + 1) * hasher.block_size:
+            if isinstance(hasher, TokenBlockHasher):
+                hashes.extend(hasher.hashes_after(hashes, self.all_token_ids, self.num_tokens))
+            else:
+                hashes.extend(hasher.hash_new_blocks(self))
 
     # -- status ---------------------------------------------------------------------------------
     def is_finished(self) -> bool:

@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Final
 
+from engine.core.chunking import admission_chunk, effective_long_prefill_threshold, running_chunk
 from engine.core.config import EngineConfig
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.outputs import (
@@ -39,6 +40,7 @@ from engine.core.step_output import (
 RUNNING: Final = RequestStatus.RUNNING
 WAITING: Final = RequestStatus.WAITING
 PREEMPTED: Final = RequestStatus.PREEMPTED
+FINISHED_LENGTH_CAPPED: Final = RequestStatus.FINISHED_LENGTH_CAPPED
 
 
 class Scheduler:
@@ -153,16 +155,17 @@ class Scheduler:
         return self._finalize(plan)
 
     def _effective_long_prefill_threshold(self) -> int:
-        """The long-prefill cap applies only when more than one request is running or waiting."""
-        if len(self.running) + len(self.waiting) > 1:
-            return self.long_prefill_token_threshold
-        return 0
+        """The long-prefill threshold in force this step (``chunking.py``)."""
+        return effective_long_prefill_threshold(
+            self.long_prefill_token_threshold, len(self.running) + len(self.waiting)
+        )
 
     def _schedule_running(self, plan: StepPlan, threshold: int) -> None:
         """Phase A: give each RUNNING request its next tokens, preempting on KV shortage."""
         running = self.running
         kv = self.kv_cache_manager  # (methods called through it: a native call when compiled)
-        max_model_len_1 = self.max_model_len - 1
+        max_model_len = self.max_model_len
+        max_model_len_1 = max_model_len - 1
         num_scheduled = plan.num_scheduled_tokens
         new_block_ids = plan.new_block_ids
         scheduled_running = plan.scheduled_running
@@ -180,12 +183,10 @@ class Scheduler:
                 req_index += 1
                 continue
             num_new = request.num_tokens + placeholders - computed
-            if 0 < threshold < num_new:
-                num_new = threshold
-            if num_new > budget:
-                num_new = budget
-            if num_new > max_model_len_1 - computed:
-                num_new = max_model_len_1 - computed
+            if num_new != 1 or computed >= max_model_len_1:
+                # (a decode's one token passes every cap of running_chunk but max_model_len's:
+                # most requests of most steps skip the call)
+                num_new = running_chunk(num_new, threshold, budget, computed, max_model_len)
             if num_new <= 0:
                 req_index += 1
                 continue
@@ -246,14 +247,12 @@ class Scheduler:
                 skipped.appendleft(waiting.pop_request())
                 continue
             hit_blocks, num_hit_tokens = kv.get_computed_blocks(request)
-            num_new = request.num_tokens - num_hit_tokens
-            if 0 < threshold < num_new:
-                num_new = threshold
-            if num_new > budget:
-                if not self.enable_chunked_prefill:
-                    blocker = AdmissionBlocker.TOKEN_BUDGET
-                    break  # no smaller request behind it is tried
-                num_new = budget
+            num_new = admission_chunk(
+                request.num_tokens - num_hit_tokens, threshold, budget, self.enable_chunked_prefill
+            )
+            if num_new == 0:  # over the budget without chunked prefill
+                blocker = AdmissionBlocker.TOKEN_BUDGET
+                break  # no smaller request behind it is tried
             new_blocks = kv.allocate_slots(
                 request,
                 num_new,
@@ -282,14 +281,6 @@ class Scheduler:
         plan.token_budget = budget
         plan.blocker = blocker
 
-    def admit_waiting(self, token_budget: int) -> StepPlan:
-        """``schedule()``'s admission phase alone, with ``token_budget`` tokens left by the
-        running requests (the bulk path runs a first schedule() whose running requests it
-        applies itself); returns its plan."""
-        plan = StepPlan(token_budget)
-        self._schedule_waiting(plan, self._effective_long_prefill_threshold())
-        return plan
-
     def _preempt_request(self, request: Request, drop_stale_output: bool = False) -> None:
         """Free the request's KV and put it back at the front of the waiting queue."""
         self.kv_cache_manager.free_preempted(request)
@@ -304,6 +295,46 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.prepend_request(request)
         self.preempted_req_ids.add(request.req_id)
+
+    # -- bulk runs (engine/core/bulk applies many iterations at once through these) -------------
+    def take_finished_req_ids(self) -> set[str]:
+        """The ids finished since the previous schedule(), which the next one ships to the
+        workers; cleared (a bulk run's first schedule() ships them)."""
+        finished = self.finished_req_ids
+        self.finished_req_ids = set()
+        return finished
+
+    def admit_waiting(self, token_budget: int) -> StepPlan:
+        """``schedule()``'s admission phase alone, with ``token_budget`` tokens left by the
+        running requests (a bulk run's first schedule(), whose running requests the bulk path
+        applies itself); returns its plan."""
+        plan = StepPlan(token_budget)
+        self._schedule_waiting(plan, self._effective_long_prefill_threshold())
+        return plan
+
+    def finish_length_capped(self, request: Request) -> None:
+        """A bulk run applied ``request``'s last token (its length limit): finish and free it
+        as ``update_from_output`` does; it leaves RUNNING in ``end_bulk_run``."""
+        request.status = FINISHED_LENGTH_CAPPED
+        self._free_request(request)
+
+    def end_bulk_run(
+        self,
+        num_steps: int,
+        stopped: Iterable[Request],
+        finished_req_ids: set[str],
+        scheduled_req_ids: set[str],
+    ) -> None:
+        """The bookkeeping of ``num_steps`` schedule() calls applied in bulk: the ``stopped``
+        requests (finished during the run) leave RUNNING; ``finished_req_ids`` are the ones the
+        run's last update finished (the next schedule() ships them), ``scheduled_req_ids`` the
+        ones its last schedule() scheduled."""
+        gone = {id(r) for r in stopped}
+        if gone:
+            self.running = [r for r in self.running if id(r) not in gone]
+        self.num_steps += num_steps
+        self.finished_req_ids = finished_req_ids
+        self.prev_step_scheduled_req_ids = scheduled_req_ids
 
     # -- the output of schedule() ---------------------------------------------------------------
     def _finalize(self, plan: StepPlan) -> SchedulerOutput:

@@ -1,6 +1,7 @@
 """Profiling the real worker: step times over a grid of batch shapes, and per-unit CPU costs.
 
-Responsibility: produce the measured rows a fitted cost model is fitted to (COST_MODEL.md §2).
+Responsibility: produce the measured rows a fitted cost model is fitted to
+(docs/validation.md, "The fitted model").
 
 * ``StepProfiler`` runs hand-made ``SchedulerOutput``s through a ``TorchExecutor``: prefill
   chunks ``(query_len, context_len)``, decode batches ``(num_reqs, context_len)`` and mixed

@@ -4,7 +4,7 @@ The scheduler core and the simulator's engine loop are plain, fully typed Python
 of mypy, in the ``fast`` extra) compiles them unchanged into C extensions placed next to the
 sources, where imports pick them up: same decisions, same records, a 2.4–5× faster
 simulation loop (docs/simulator.md has the figures). It needs a C compiler and the Python
-headers. If a compiled module's source changes afterwards, ``engine.core.compiled`` runs the
+headers. If a compiled module's source changes afterwards, ``engine/compiled.py`` runs the
 sources of the whole build instead (and says so), so an edit is never silently ignored;
 ``--clean`` removes the build, ``--status`` lists what is compiled.
 
@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from engine.core.compiled import (
+from engine.compiled import (
     PACKAGES,
     compiled_on_disk,
     manifest_path,
@@ -42,10 +42,14 @@ ROOT = Path(__file__).resolve().parents[2]
 #: The modules compiled, relative to the repository root: everything a simulated step runs.
 HOT_MODULES: tuple[str, ...] = (
     "engine/core/block_pool.py",
+    "engine/core/bulk/apply.py",
+    "engine/core/bulk/find.py",
+    "engine/core/bulk/records.py",
+    "engine/core/bulk/run.py",
+    "engine/core/bulk/shapes.py",
+    "engine/core/chunking.py",
     "engine/core/engine_core.py",
     "engine/core/events.py",
-    "engine/core/fast_apply.py",
-    "engine/core/fast_forward.py",
     "engine/core/hashing.py",
     "engine/core/interfaces.py",
     "engine/core/kv_cache_manager.py",
@@ -54,6 +58,7 @@ HOT_MODULES: tuple[str, ...] = (
     "engine/core/request.py",
     "engine/core/scheduler.py",
     "engine/core/step_output.py",
+    "engine/core/step_records.py",
     "sim/cost/interp.py",
     "sim/cost/roofline.py",
     "sim/cost/vllm_step.py",

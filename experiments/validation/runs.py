@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from engine.core.config import ConfigError
-from engine.core.events import EventKind, EventLog
+from engine.core.events import EventKind, EventLog, StepColumns
 from engine.core.outputs import BatchShape
 from experiments.validation.profiling import plain_json
 from sim.cost.fitted import FittedCostModel
@@ -180,7 +180,7 @@ def load_event_log(values: dict[str, Any]) -> EventLog:
     for r, k, t, p in zip(ev["req_index"], ev["kind"], ev["time_s"], ev["payload"], strict=True):
         log.record(ids[r], EventKind(k), t, p)
     if values["steps"]["step_id"]:
-        log.record_steps(values["steps"])
+        log.record_steps(StepColumns.from_mapping(values["steps"]))
     runs = values["token_runs"]
     for r, first, count in zip(runs["req_index"], runs["first_step"], runs["num_tokens"],
                                strict=True):

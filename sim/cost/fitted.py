@@ -1,4 +1,5 @@
-"""Fitted cost model: step time from a profile of the real engine (COST_MODEL.md §2).
+"""Fitted cost model: step time from a profile of the real engine (docs/validation.md, "The
+fitted model").
 
 Responsibility: turn a profile CSV (``engine/worker/profiler.py``'s ``PROFILE_COLUMNS``) into a
 ``CostModel`` with the roofline's physically meaningful features and non-negative coefficients,

@@ -1,7 +1,7 @@
 """Analytic roofline cost model: how long one engine step takes on a catalogued GPU layout.
 
 For every kernel of a step the model takes ``max(FLOPs / achievable FLOP/s, bytes / achievable
-bandwidth) + kernel floor`` (COST_MODEL.md §1):
+bandwidth) + kernel floor`` (docs/roofline.md §1):
 
 * linear layers — QKV, O, gate+up, down per layer, each its own GEMM over all ``T`` scheduled
   tokens with ``1/tp`` of the weights: small ``T`` is weight-read bound (decode), large ``T`` is

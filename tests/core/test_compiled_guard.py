@@ -1,4 +1,4 @@
-"""The compiled-build guard of ``engine.core.compiled`` and ``twinserve compile --status/--clean``
+"""The compiled-build guard of ``engine.compiled`` and ``twinserve compile --status/--clean``
 on a fake tree (no compiler needed: the fake extension files are never loaded)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.core import compiled
-from engine.core.compiled import (
+from engine import compiled
+from engine.compiled import (
     check_compiled_build,
     compiled_on_disk,
     manifest_path,

@@ -1,11 +1,17 @@
-"""EventLog step records: single rows, row blocks and column blocks agree; bad values are
-refused with the column's name and leave the log as it was."""
+"""EventLog step records: single records and column blocks agree; bad values are refused with
+the column's name and leave the log as it was."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine.core.events import STEP_COLUMNS, STEP_ROWS_BUFFERED, EventLog, StepRecord
+from engine.core.events import (
+    STEP_COLUMNS,
+    STEP_ROWS_BUFFERED,
+    EventLog,
+    StepColumns,
+    StepRecord,
+)
 
 
 def _step(step_id: int, blocker: str = "") -> StepRecord:
@@ -24,6 +30,10 @@ def _row(step: StepRecord) -> tuple[object, ...]:
     return tuple(getattr(step, name) for name in STEP_COLUMNS)
 
 
+def _block(steps: list[StepRecord]) -> StepColumns:
+    return StepColumns(*[[getattr(s, name) for s in steps] for name in STEP_COLUMNS])
+
+
 def _columns(log: EventLog) -> dict[str, list[object]]:
     return {name: list(values) for name, values in log.steps_columns().items()}  # type: ignore[call-overload]
 
@@ -34,12 +44,16 @@ def test_rows_row_blocks_and_column_blocks_agree() -> None:
     for s in steps:
         by_row.record_step(s)
     mixed = EventLog()
-    mixed.record_step_row(_row(steps[0]))  # buffered: the blocks below must keep the order
-    mixed.record_step_rows(_row(s) for s in steps[1:4])
-    mixed.record_steps({name: [getattr(s, name) for s in steps[4:7]] for name in STEP_COLUMNS})
-    mixed.record_step_rows(iter([_row(steps[7]), _row(steps[8])]))
-    mixed.record_step_row(_row(steps[9]))
-    mixed.record_step_columns([[getattr(s, n) for s in steps[10:12]] for n in STEP_COLUMNS])
+    mixed.record_step(steps[0])  # buffered: the blocks below must keep the order
+    for s in steps[1:4]:
+        mixed.record_step(s)
+    mixed.record_steps(StepColumns.from_mapping(
+        {name: [getattr(s, name) for s in steps[4:7]] for name in STEP_COLUMNS}
+    ))
+    for s in steps[7:9]:
+        mixed.record_step(s)
+    mixed.record_step(steps[9])
+    mixed.record_steps(_block(steps[10:12]))
     assert mixed.num_steps == by_row.num_steps == 12
     assert _columns(mixed) == _columns(by_row)
     assert list(_columns(mixed)) == list(STEP_COLUMNS)
@@ -47,8 +61,9 @@ def test_rows_row_blocks_and_column_blocks_agree() -> None:
 
 def test_buffered_rows_join_the_columns_in_blocks() -> None:
     log = EventLog()
-    rows = [_row(_step(i)) for i in range(STEP_ROWS_BUFFERED + 5)]
-    log.record_step_rows(rows)
+    rows = [_step(i) for i in range(STEP_ROWS_BUFFERED + 5)]
+    for row in rows:
+        log.record_step(row)
     assert log.num_steps == len(rows)
     assert _columns(log)["step_id"] == list(range(len(rows)))
 
@@ -58,15 +73,17 @@ def test_record_steps_refuses_bad_columns_and_records_nothing() -> None:
     log.record_step(_step(0))
     good = {name: [getattr(_step(1), name)] for name in STEP_COLUMNS}
     with pytest.raises(ValueError, match="one equal-length list"):
-        log.record_steps({k: v for k, v in good.items() if k != "cost_s"})
+        log.record_steps(StepColumns.from_mapping(
+            {k: v for k, v in good.items() if k != "cost_s"}
+        ))
     with pytest.raises(ValueError, match="one equal-length list"):
-        log.record_steps({**good, "cost_s": [0.0, 1.0]})
+        log.record_steps(StepColumns.from_mapping({**good, "cost_s": [0.0, 1.0]}))
     for name, bad in (("num_reqs", [1.5]), ("num_running", ["x"]), ("kv_usage", ["x"]),
                       ("admission_blocker", [3]), ("replica", [2**40])):
         with pytest.raises(TypeError, match=repr(name)):
-            log.record_steps({**good, name: bad})
+            log.record_steps(StepColumns.from_mapping({**good, name: bad}))
     assert _columns(log) == {name: [getattr(_step(0), name)] for name in STEP_COLUMNS}
-    log.record_steps(good)
+    log.record_steps(StepColumns.from_mapping(good))
     assert log.num_steps == 2
 
 
@@ -75,8 +92,9 @@ def test_a_bad_buffered_row_fails_its_flush_without_a_partial_append() -> None:
     log.record_step(_step(0))
     log.steps_columns()
     bad = list(_row(_step(1)))
-    bad[STEP_COLUMNS.index("num_waiting")] = 0.5
-    log.record_step_row(tuple(bad))
+    # an int beyond the int32 column (a float would not even make a compiled StepRecord)
+    bad[STEP_COLUMNS.index("num_waiting")] = 2**40
+    log.record_step(StepRecord(*bad))  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="'num_waiting'"):
         log.steps_columns()
     assert {len(v) for v in log._steps.values()} == {1}  # every column still one step long
@@ -87,12 +105,13 @@ def test_column_blocks_are_checked_when_they_join_the_columns() -> None:
     log.record_step(_step(0))
     log.steps_columns()  # joined the typed columns
     with pytest.raises(ValueError, match="22 columns"):
-        log.record_step_columns([[1]] * 3)
+        three = dict(zip(STEP_COLUMNS[:3], [[1]] * 3, strict=True))
+        log.record_steps(StepColumns.from_mapping(three))
     with pytest.raises(ValueError, match="equal-length"):
-        log.record_step_columns([[1]] * (len(STEP_COLUMNS) - 1) + [[1, 2]])
+        log.record_steps(StepColumns(*[[1]] * (len(STEP_COLUMNS) - 1), [1, 2]))
     columns = [[getattr(_step(1), n)] for n in STEP_COLUMNS]
     columns[STEP_COLUMNS.index("num_reqs")] = [2.5]
-    log.record_step_columns(columns)
+    log.record_steps(StepColumns(*columns))
     with pytest.raises(TypeError, match="'num_reqs'"):
         log.steps_columns()
     assert {len(v) for v in log._steps.values()} == {1}  # nothing appended
@@ -104,10 +123,23 @@ def test_large_integers_and_floats_in_int_and_float_columns() -> None:
     row = list(_row(_step(0)))
     row[STEP_COLUMNS.index("kv_usage")] = 1  # an int in a float column: accepted
     row[STEP_COLUMNS.index("decode_context_sum")] = 2**40  # int64 column
-    log.record_step_row(tuple(row))
+    log.record_step(StepRecord(*row))  # type: ignore[arg-type]
     cols = log.steps_columns()
     assert cols["kv_usage"][0] == 1.0 and cols["decode_context_sum"][0] == 2**40
     row[STEP_COLUMNS.index("num_reqs")] = 2**40  # an int32 column: too large
-    log.record_step_row(tuple(row))
+    log.record_step(StepRecord(*row))  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="'num_reqs' takes integers"):
         log.steps_columns()
+
+
+def test_each_field_lands_in_its_own_column() -> None:
+    """Every StepRecord field, and every StepColumns list, is stored under its own name."""
+    values: dict[str, object] = {}
+    for i, name in enumerate(STEP_COLUMNS):
+        kind = type(getattr(_step(0), name))
+        values[name] = f"b{i}" if kind is str else kind(100 + i)
+    by_record, by_columns = EventLog(), EventLog()
+    by_record.record_step(StepRecord(**values))  # type: ignore[arg-type]
+    by_columns.record_steps(StepColumns(**{name: [v] for name, v in values.items()}))
+    for log in (by_record, by_columns):
+        assert _columns(log) == {name: [value] for name, value in values.items()}

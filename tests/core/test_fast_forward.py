@@ -18,12 +18,14 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from engine.core import fast_forward
+from engine.core.bulk import find
+from engine.core.bulk.records import RunTiming
 from engine.core.config import CacheConfig, EngineConfig, SchedulerConfig
-from engine.core.engine_core import EngineCore, RunTiming
+from engine.core.engine_core import EngineCore
 from engine.core.hashing import PrecomputedBlockHasher, TokenBlockHasher
 from engine.core.outputs import ModelRunnerOutput, SchedulerOutput
 from engine.core.request import Request, SamplingParams
+from engine.core.scheduler import Scheduler
 
 TOKEN = 7
 
@@ -215,14 +217,14 @@ def test_admission_precheck_refuses_only_what_the_plan_refuses(
     waiting queue cannot fit; that must be a necessary condition of the plan: with the
     precheck's verdict ignored, the full path (set-up, then the plan) finds no run either."""
     verdicts: list[bool] = []
-    precheck = fast_forward._admission_hits
+    precheck = find._admission_hits
 
-    def spy(core: EngineCore, num_reqs: int) -> tuple[object, int]:
-        verdicts.append(precheck(core, num_reqs) is None)
-        kv = core.scheduler.kv_cache_manager
-        return kv.get_computed_blocks(core.scheduler.waiting.peek_request())
+    def spy(sched: Scheduler, num_reqs: int) -> tuple[object, int]:
+        verdicts.append(precheck(sched, num_reqs) is None)
+        kv = sched.kv_cache_manager
+        return kv.get_computed_blocks(sched.waiting.peek_request())
 
-    monkeypatch.setattr(fast_forward, "_admission_hits", spy)
+    monkeypatch.setattr(find, "_admission_hits", spy)
     seen: Counter[str] = Counter()
     for seed in range(400):
         core, requests, rng = _build(seed)

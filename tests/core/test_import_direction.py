@@ -7,8 +7,9 @@
 * ``workload`` (the request streams both worlds serve) imports only ``workload`` and two leaf
   modules of the core (``engine.core.config``'s field checks, ``engine.core.errors``); besides
   the standard library only numpy. Both worlds import it: ``sim`` and the real-run driver.
-* ``sim`` imports only ``engine.core`` and ``workload`` of ours; never torch/triton,
-  engine.worker, engine.serve or kernels.
+* ``sim`` imports only ``engine.core`` and ``workload`` of ours (and ``engine.compiled``, the
+  compiled-build guard its package runs first); never torch/triton, engine.worker,
+  engine.serve or kernels.
 * ``engine`` (all of it: the core, the real world, the offline ``LLM``) never imports ``sim``,
   ``experiments``, ``reports`` or ``bench``; ``engine/worker`` imports ``engine.core`` and
   ``kernels``; ``engine/serve`` imports ``engine.core``, ``engine.worker``, ``workload`` and the
@@ -56,7 +57,7 @@ RULES: dict[str, Rule] = {
         ours=("workload", "engine.core.config", "engine.core.errors"), third_party=("numpy",)
     ),
     "sim": Rule(
-        ours=("sim", "engine.core", "workload"), third_party=None,
+        ours=("sim", "engine.core", "engine.compiled", "workload"), third_party=None,
         forbidden_third_party=("torch", "triton"),
     ),
     "engine": Rule(ours=("engine", "kernels", "workload"), third_party=None),
@@ -345,6 +346,9 @@ def test_checker_rules_of_other_packages() -> None:
     assert import_violations("from engine.worker import executor", "sim.x", sim)
     assert import_violations("import kernels", "sim.x", sim)
     assert import_violations("from reports import metrics", "sim.x", sim)
+    assert not import_violations("from engine.compiled import guard_compiled_build", "sim", sim)
+    assert import_violations("from engine.compiled import guard_compiled_build", "engine.core",
+                             RULES["engine/core"])
     assert not import_violations(
         "import torch\nfrom kernels import paged_attention\nfrom engine.core import config",
         "engine.worker.x", worker,

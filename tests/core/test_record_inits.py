@@ -15,9 +15,10 @@ import inspect
 
 import pytest
 
-from engine.core.compiled import loaded_compiled_modules
-from engine.core.engine_core import RunTiming, _InFlight
-from engine.core.fast_apply import AppliedRun
+from engine.compiled import loaded_compiled_modules
+from engine.core.bulk.records import AppliedRun, RunTiming
+from engine.core.engine_core import _InFlight
+from engine.core.events import StepColumns, StepRecord
 from engine.core.interfaces import StepTime
 from engine.core.outputs import (
     BatchShape,
@@ -35,7 +36,7 @@ if loaded_compiled_modules():  # the imports above came from a compiled build
 RECORDS = [
     BatchShape, NewRequestData, CachedRequestData, SchedulerOutput, ModelRunnerOutput,
     EngineCoreOutput, AppliedRun, RunTiming, _InFlight,
-    FrontendTimes, StepTime,
+    FrontendTimes, StepTime, StepRecord, StepColumns,
 ]
 
 

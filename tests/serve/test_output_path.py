@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.core.events import EventKind, EventLog
+from engine.core.events import EventKind, EventLog, StepRecord
 from engine.core.sampling_params import SamplingParams
 from engine.entrypoints.engine_stats import EngineStatsTracker
 from engine.entrypoints.records import APIServerRecord, EngineRecord
@@ -185,8 +185,8 @@ def test_joined_log_puts_every_process_on_one_timeline(tmp_path: Path) -> None:
     for req_id, t in (("1-0", 10.02), ("0-0", 10.03)):
         engine_log.record(req_id, EventKind.ENGINE_ENQUEUED, t)
         engine_log.record(req_id, EventKind.SCHEDULED, t + 0.01, 0)
-    engine_log.record_step_row((0, 10.04, 10.04, 10.05, 10.05, 2, 8, 2, 8, 0, 0, 2, 2, 0, 0, 0,
-                                2, 0, 0.1, "", 0.01, 0))
+    engine_log.record_step(StepRecord(0, 10.04, 10.04, 10.05, 10.05, 2, 8, 2, 8, 0, 0, 2, 2, 0, 0,
+                                      0, 2, 0, 0.1, "", 0.01, 0))
     for req_id in ("1-0", "0-0"):
         engine_log.record(req_id, EventKind.FIRST_TOKEN, 10.05)
         engine_log.record_token(req_id, 0)

@@ -1,6 +1,6 @@
 """The roofline's catalog constants are what the calibration finds on the shipped profiles.
 
-Reruns ``sim/cost/calibrate_roofline.py``'s fit on ``sim/data/profiles`` (a few seconds) so
+Reruns ``sim/cost/calibration/roofline.py``'s fit on ``sim/data/profiles`` (a few seconds) so
 the constants in ``sim/hardware.py`` and ``RooflineParams.kernel_floor_s`` cannot drift from the
 data, and checks the simulator itself — ``RooflineCostModel`` with the catalog GPUs and default
 parameters — against the held-out measurements (a model the fit never saw; all-reduce world
@@ -21,7 +21,7 @@ import csv
 import numpy as np
 import pytest
 
-from sim.cost.calibrate_roofline import (
+from sim.cost.calibration.roofline import (
     CATALOG_GPU,
     DATA_DIR,
     GEMM_OPS,

@@ -81,7 +81,7 @@ def test_every_hot_module_is_imported_compiled(compiled_tree: Path, tmp_path: Pa
     extensions = [p for p in compiled_tree.rglob("*.so") if "build" not in p.parts]
     assert extensions and all((p.parent / "__init__.py").exists() for p in extensions)
     proc = _python(compiled_tree, "-c", (
-        "import json, sim.runtime, sim.cost.vllm_step, engine.core.compiled as c; "
+        "import json, sim.runtime, sim.cost.vllm_step, engine.compiled as c; "
         "print(json.dumps(c.loaded_compiled_modules()))"
     ), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -152,7 +152,7 @@ def test_an_edited_module_runs_the_whole_build_from_sources(compiled_tree: Path)
     source.write_text(original + "\n# edited after compiling\n")
     try:
         proc = _python(compiled_tree, "-c", (
-            "import json, sim.runtime, sim.cost.vllm_step, engine.core.compiled as c; "
+            "import json, sim.runtime, sim.cost.vllm_step, engine.compiled as c; "
             "print(json.dumps(c.loaded_compiled_modules()))"
         ))
         states = _python(compiled_tree, "-m", "experiments.cli", "compile", "--status")
@@ -166,7 +166,7 @@ def test_an_edited_module_runs_the_whole_build_from_sources(compiled_tree: Path)
     assert "compiled  engine/core/scheduler.py" in states.stdout
     # restored: the build is fresh again and used
     proc = _python(compiled_tree, "-c", (
-        "import json, sim.runtime, sim.cost.vllm_step, engine.core.compiled as c; "
+        "import json, sim.runtime, sim.cost.vllm_step, engine.compiled as c; "
         "print(json.dumps(c.loaded_compiled_modules()))"
     ))
     assert proc.returncode == 0 and len(json.loads(proc.stdout)) == len(HOT_MODULES)

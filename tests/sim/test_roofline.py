@@ -1,4 +1,4 @@
-"""Roofline sanity against physics (COST_MODEL.md §1)."""
+"""Roofline sanity against physics (docs/roofline.md §1)."""
 
 from __future__ import annotations
 

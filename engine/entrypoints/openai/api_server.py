@@ -35,7 +35,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from engine.entrypoints.api_proc import ENGINE_DEAD, READY, APIServerConfig
+from engine.entrypoints.api_config import ENGINE_DEAD, READY, APIServerConfig
 from engine.entrypoints.clock import run_clock
 from engine.entrypoints.engine_client import AsyncEngineClient, EngineDeadError
 from engine.entrypoints.metrics import render_metrics

@@ -1,4 +1,4 @@
-"""Which core modules run compiled, and a guard that never lets a stale compiled module run.
+"""Which modules run compiled, and a guard that never lets a stale compiled module run.
 
 ``twinserve compile`` (``experiments/cmd_compile.py``) builds the simulator's hot modules with
 mypyc into C extensions placed next to their ``.py`` files, where Python's import system prefers
@@ -6,12 +6,14 @@ them, and writes one manifest (``engine/core/_compiled.json``: module name → S
 source it was built from). The modules form one build: compiled modules call each other's
 native code directly, so they are used all together or not at all.
 
-``check_compiled_build`` runs when ``engine.core`` is first imported (before any of the
-modules, since ``sim``'s packages import ``engine.core`` first). If any compiled module's
-source differs from the manifest (an edit, a checkout, an interrupted build), it installs an
-import finder that loads the ``.py`` sources of *every* compiled module and says so once on
-stderr: an edit is never silently ignored, every command keeps working (slower), and
-``twinserve compile`` / ``--clean`` can repair the tree.
+``guard_compiled_build`` runs once per process, when the first of the two packages that hold
+compiled modules is imported: ``engine`` (``engine/__init__.py``, before ``engine.core`` and its
+subpackages) or ``sim`` (``sim/__init__.py``). It lives here, above the core, so that the core
+itself stays free of file-system reads and import hooks. If any compiled module's source
+differs from the manifest (an edit, a checkout, an interrupted build), it installs an import
+finder that loads the ``.py`` sources of *every* compiled module and says so once on stderr: an
+edit is never silently ignored, every command keeps working (slower), and ``twinserve compile``
+/ ``--clean`` can repair the tree.
 
 Compiled and interpreted modules make the same decisions and write the same records (the
 compiled-core test checks a simulation both ways); only speed differs.
@@ -31,12 +33,12 @@ from importlib.machinery import EXTENSION_SUFFIXES
 from types import ModuleType
 
 #: Packages (relative to the tree's root) that may hold compiled modules.
-PACKAGES: tuple[str, ...] = ("engine/core", "sim", "sim/cost")
+PACKAGES: tuple[str, ...] = ("engine/core", "engine/core/bulk", "sim", "sim/cost")
 
 #: The build's manifest, in ``engine/core``: {module name: sha256 of its source}.
 MANIFEST_NAME = "_compiled.json"
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def source_digest(path: str) -> str:
@@ -117,6 +119,18 @@ def check_compiled_build(root: str = ROOT, packages: Sequence[str] = PACKAGES) -
             "remove the build with `twinserve compile --clean`.\n"
         )
     return stale
+
+
+_guarded = False  # guard_compiled_build ran in this process
+
+
+def guard_compiled_build() -> None:
+    """``check_compiled_build`` of this tree, once per process (the packages that hold compiled
+    modules call it before any of them can load)."""
+    global _guarded
+    if not _guarded:
+        _guarded = True
+        check_compiled_build()
 
 
 def loaded_compiled_modules() -> list[str]:

@@ -1,27 +1,28 @@
-"""Exact bulk application of engine iterations: applying a ``BulkRun`` (see ``fast_forward``).
+"""Applying a ``BulkRun``: the state changes of ``K`` engine iterations, made at once.
 
 ``apply_bulk_run`` changes the scheduler, the requests and the KV cache exactly as ``K``
 step-by-step iterations would. Per-request counters are independent across requests and set in
 closed form; KV-block operations are not (they share the free queue), so they are collected per
 (iteration, phase) in the order the step-by-step scheduler performs them — running order within
 a phase, allocation before prefix registration within a request, registration before freeing —
-and applied in that order.
+and applied in that order. The scheduler's own state changes through its bulk-run transitions
+(``admit_waiting``, ``finish_length_capped``, ``end_bulk_run``); the KV cache's through its
+manager.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
-from engine.core.fast_forward import BulkRun
+from engine.core.bulk.records import AppliedRun
+from engine.core.bulk.run import BulkRun
 from engine.core.outputs import CachedRequestData, NewRequestData, SchedulerOutput
-from engine.core.request import Request, RequestStatus
+from engine.core.request import Request
+from engine.core.scheduler import Scheduler
 from engine.core.step_output import new_request_data
 
 if TYPE_CHECKING:
-    from engine.core.engine_core import EngineCore
     from engine.core.kv_cache_manager import KVCacheManager
-    from engine.core.scheduler import Scheduler
 
 # block-event kinds, in flat triples (request index, kind, arg); Final: native when compiled
 _ALLOC: Final = 0
@@ -31,44 +32,6 @@ _FREE: Final = 2
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
-
-
-@dataclass(slots=True)
-class AppliedRun:
-    """What ``apply_bulk_run`` did, for the driver's records (lists indexed by iteration)."""
-
-    num_iterations: int
-    applied_step_ids: range  # steps whose outputs were applied, in order
-    sampled_per_step: list[int]  # tokens each applied step produced
-    finished_per_step: list[int]  # requests each applied step finished
-    num_running_after: list[int]  # running requests after each update
-    free_blocks_after: list[int]  # free KV blocks after each update
-    token_start: list[int]  # per request of the run: iteration of its first token in the run
-    token_count: list[int]  # ... and its tokens in the run
-    last_scheduled: SchedulerOutput | None  # async: the batch left in flight
-
-    # Written-out __init__s: compiled by mypyc (see engine/core/outputs.py's docstring).
-    def __init__(
-        self,
-        num_iterations: int,
-        applied_step_ids: range,
-        sampled_per_step: list[int],
-        finished_per_step: list[int],
-        num_running_after: list[int],
-        free_blocks_after: list[int],
-        token_start: list[int],
-        token_count: list[int],
-        last_scheduled: SchedulerOutput | None,
-    ) -> None:
-        self.num_iterations = num_iterations
-        self.applied_step_ids = applied_step_ids
-        self.sampled_per_step = sampled_per_step
-        self.finished_per_step = finished_per_step
-        self.num_running_after = num_running_after
-        self.free_blocks_after = free_blocks_after
-        self.token_start = token_start
-        self.token_count = token_count
-        self.last_scheduled = last_scheduled
 
 
 class _Events:
@@ -88,25 +51,19 @@ class _Events:
 
 
 def apply_bulk_run(
-    core: EngineCore, run: BulkRun, num_iterations: int, token_id: int
+    sched: Scheduler, run: BulkRun, num_iterations: int, token_id: int
 ) -> AppliedRun:
-    """Apply ``num_iterations`` (1..run.max_iterations) iterations of ``run`` to the scheduler,
+    """Apply ``num_iterations`` (1..run.max_iterations) iterations of ``run`` to ``sched``,
     every sampling request sampling ``token_id``. Event records (token runs, first tokens,
     finishes, step records) are the caller's: see ``EngineCore.apply_bulk_run``."""
     k_total = num_iterations
     if not 1 <= k_total <= run.max_iterations or run.ensure_shapes(k_total) < k_total:
         raise ValueError(f"num_iterations must be in [1, {run.max_iterations}]")
-    sched = core.scheduler
     kv = sched.kv_cache_manager
     requests = run.requests
     num_reqs = len(requests)
     x = run.prefill_index
-    finished_before = sched.finished_req_ids  # shipped by the run's first schedule()
-    sched.finished_req_ids = set()
-    pending_sampled = 0
-    if run.is_async:
-        pending = core.oldest_in_flight()
-        pending_sampled = len(pending.num_scheduled_tokens) - len(pending.partial_prefill_req_ids)
+    finished_before = sched.take_finished_req_ids()  # shipped by the run's first schedule()
     # 1. Block events, from the plan and the requests as they are now.
     events = _Events(k_total)
     for i in range(num_reqs):
@@ -129,9 +86,14 @@ def apply_bulk_run(
             _prefill_counters(run, i, req, k_total, token_start, token_count, token_id)
         if k_total > run.decode_start[i]:
             _decode_counters(run, i, req, k_total, token_start, token_count, token_id)
-        req.hash_full_blocks()
     free_after = _apply_events(sched, kv, requests, events, k_total, run.admitted)
-    _update_scheduler(sched, run, k_total)
+    finish = run.finish_iteration
+    sched.end_bulk_run(
+        k_total,
+        [r for i, r in enumerate(requests) if finish[i] < k_total],
+        {requests[i].req_id for i in run.finishing(k_total - 1)},
+        {requests[i].req_id for i in run.scheduled_at(k_total - 1)},
+    )
     finish_counts = run.finish_counts(k_total)
     running_after = []
     n_running = num_reqs
@@ -140,7 +102,7 @@ def apply_bulk_run(
         running_after.append(n_running)
     sampled = run.decoding[:k_total]
     if run.is_async:
-        sampled.insert(0, pending_sampled)
+        sampled.insert(0, run.pending_num_sampled)
         sampled.pop()
         j = run.prefill_done_iteration + 1  # the prefiller's final chunk, applied one later
     else:
@@ -170,7 +132,7 @@ def apply_bulk_run(
 
 def _admit(sched: Scheduler, run: BulkRun) -> NewRequestData:
     """The first schedule()'s admission, by the scheduler's own code; it must be the planned
-    one (``fast_forward._plan_admission``)."""
+    one (``find._plan_admission``)."""
     request = run.requests[run.prefill_index]
     plan = sched.admit_waiting(run.token_budget - run.decoding[0])
     if (
@@ -181,15 +143,6 @@ def _admit(sched: Scheduler, run: BulkRun) -> NewRequestData:
     ):
         raise AssertionError(f"bulk run: {request.req_id!r} was not admitted as planned")
     return new_request_data(request, plan.new_block_ids[request.req_id])
-
-
-def _append_tokens(req: Request, token_id: int, count: int) -> None:
-    tokens = [token_id] * count
-    req.output_token_ids.extend(tokens)
-    all_ids = req._all_token_ids
-    if all_ids is not None:
-        all_ids.extend(tokens)
-    req.num_tokens += count
 
 
 def _prefill_events(
@@ -238,7 +191,7 @@ def _prefill_counters(
         req.num_in_flight_tokens = run.prefill_chunk[last]
         req.num_output_placeholders = 1 if final else 0
     elif final:  # synchronous: the final chunk's token arrives at its own update
-        _append_tokens(req, token_id, 1)
+        req.append_output_tokens(token_id, 1)
         token_start[i] = last
         token_count[i] = 1
 
@@ -295,7 +248,7 @@ def _decode_counters(
     scheduled = min(k_total, run.decode_end[i]) - start
     tokens = min(k_total, f + 1) - start
     if tokens > 0:
-        _append_tokens(req, token_id, tokens)
+        req.append_output_tokens(token_id, tokens)
         if not token_count[i]:
             token_start[i] = start
         token_count[i] += tokens
@@ -334,51 +287,18 @@ def _apply_bucket(
 ) -> None:
     if bucket is None:
         return
-    pool = kv.block_pool
     bs = kv.block_size
     p = 0
     while p < len(bucket):
         req = requests[bucket[p]]
         kind = bucket[p + 1]
         if kind == _ALLOC:
-            req.block_ids.extend(pool.get_new_blocks(bucket[p + 2]))
+            kv.append_blocks(req, bucket[p + 2])
         elif kind == _CACHE:
             kv.cache_blocks(req, bucket[p + 2] * bs)
         else:
-            _finish(sched, req)
+            sched.finish_length_capped(req)
         p += 3
-
-
-def _finish(sched: Scheduler, req: Request) -> None:
-    """The length stop: what ``update_from_output`` does when a request's last token lands."""
-    req.status = RequestStatus.FINISHED_LENGTH_CAPPED
-    sched.finished_req_ids.add(req.req_id)
-    sched.kv_cache_manager.free(req)
-    del sched.requests[req.req_id]
-
-
-def _update_scheduler(sched: Scheduler, run: BulkRun, k_total: int) -> None:
-    """Scheduler bookkeeping as after the run's last iteration."""
-    requests = run.requests
-    finish = run.finish_iteration
-    if any(f < k_total for f in finish):
-        gone = {id(r) for i, r in enumerate(requests) if finish[i] < k_total}
-        sched.running = [r for r in sched.running if id(r) not in gone]
-    sched.num_steps += k_total
-    sched.finished_req_ids = {requests[i].req_id for i in run.finishing(k_total - 1)}
-    sched.prev_step_scheduled_req_ids = set(_scheduled_at(run, k_total - 1))
-
-
-def _scheduled_at(run: BulkRun, k: int) -> list[str]:
-    """Ids scheduled by iteration ``k``'s schedule(), in scheduling (running) order."""
-    out = []
-    x = run.prefill_index
-    for i, req in enumerate(run.requests):
-        if run.decode_start[i] <= k < run.decode_end[i] or (
-            i == x and k < len(run.prefill_chunk)
-        ):
-            out.append(req.req_id)
-    return out
 
 
 def _last_scheduled_output(
