@@ -171,7 +171,7 @@ def _attention(r: _Reader, family: str, hidden: int, heads: int) -> dict[str, An
     derived = hidden // heads if heads and hidden % heads == 0 else 0
     # a missing hidden_size is reported already; head_dim is missing only when not derivable
     head_dim = r.int("head_dim", default=derived or (1 if r.missing else None))
-    if heads and kv_heads and heads % kv_heads:
+    if not r.missing and heads % kv_heads:  # placeholders stand in for missing keys
         raise ModelConfigError(
             f"{r.where}: num_attention_heads {heads} is not a multiple of "
             f"num_key_value_heads {kv_heads}"

@@ -123,6 +123,8 @@ def test_a_config_json_path_or_directory_is_a_model(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("mutate", "message"), [
     (lambda c: c.pop("hidden_size"), "missing key(s) 'hidden_size' (needed for LlamaForCausalLM)"),
+    (lambda c: [c.pop(k) for k in ("hidden_size", "num_attention_heads", "vocab_size")],
+     "missing key(s) 'hidden_size', 'num_attention_heads', 'vocab_size' (needed for"),
     (lambda c: c.update(architectures=["MambaForCausalLM"]),
      "architecture 'MambaForCausalLM' is not supported; supported: LlamaForCausalLM"),
     (lambda c: c.update(num_hidden_layers=-3), "'num_hidden_layers' must be a positive integer"),
