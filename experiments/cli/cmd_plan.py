@@ -208,6 +208,9 @@ def _plan(args: argparse.Namespace) -> int:
             + f"); see {out / 'plan.md'}"
         )
     print(markdown_table(shown(df).head(args.top)))
+    for r in df.head(args.top).itertuples():
+        if "short run:" in str(getattr(r, "note", "")):
+            print(f"warning: {r.candidate}: {r.note}", file=sys.stderr)
     if recommendation:
         print(recommendation)
     print(f"{ev.num_sims} simulation(s) run; plan: {out / 'plan.md'} (+ plan.csv, probes.csv, "

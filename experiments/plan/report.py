@@ -102,8 +102,35 @@ def _row(spec: PlanSpec, ev: Evaluator, o: CandidateOutcome) -> dict[str, Any]:
     if price is not None:
         row["usd_per_gpu_hour"] = price
         row["usd_per_million_requests"] = row["gpu_hours_per_million_requests"] * price
-    row["note"] = _note(spec, row, best)
+    row["note"] = "; ".join(n for n in (_note(spec, row, best),
+                                        short_run_note(records, best.rate)) if n)
     return row
+
+
+#: A probe's arrivals should span this many mean request latencies, so that most requests
+#: see the engine at its steady-state load rather than filling or draining it.
+STEADY_SPANS = 3.0
+
+
+def short_run_note(records: Sequence[Mapping[str, Any]], rate: float) -> str:
+    """A warning when the probe at ``rate`` ended before its engine reached steady state.
+
+    At ``rate`` req/s and a mean latency of ``W`` s the engine holds ``rate·W`` requests
+    (Little's law); ``N`` prompts arrive in ``N/rate`` s. When that is under ``STEADY_SPANS·W``
+    most requests arrived into a filling engine, and the SLOs hold at rates the deployment
+    cannot sustain: the capacity is overstated.
+    """
+    latency_s = seeds_mean(records, "mean_e2el_ms") / 1000
+    num = seeds_mean(records, "completed")
+    if not records or not rate > 0 or not latency_s > 0 or math.isnan(num):
+        return ""
+    need = STEADY_SPANS * rate * latency_s
+    if num >= need:
+        return ""
+    return (f"short run: {num:.0f} prompts arrive in {num / rate:.3g} s at {rate:.3g} req/s, "
+            f"under {STEADY_SPANS:g}x the mean latency ({latency_s:.3g} s), so the engine never "
+            f"reached steady state and the capacity is overstated; rerun with --num-prompts "
+            f"{math.ceil(need / 100) * 100} or more")
 
 
 def _note(spec: PlanSpec, row: Mapping[str, Any], best: Any) -> str:

@@ -238,3 +238,17 @@ def test_the_printed_twinserve_command_parses_into_the_planned_config() -> None:
     cfg = _sim_config(args)
     assert (cfg.gpu, cfg.tensor_parallel_size, cfg.quantization, cfg.kv_cache_dtype) == (
         "h200-sxm", 2, "fp8", "fp8")
+
+
+def test_a_probe_shorter_than_its_steady_state_is_flagged() -> None:
+    """300 prompts at 36.9 req/s arrive in 8 s while each request lasts 22 s: the engine was
+    still filling when arrivals stopped (Mixtral DP 8, 4000/1000 tokens)."""
+    from experiments.plan.report import short_run_note
+
+    short = [{"mean_e2el_ms": 22_000.0, "completed": 300}] * 2
+    note = short_run_note(short, 36.9)
+    assert note.startswith("short run: 300 prompts arrive in 8.13 s at 36.9 req/s")
+    assert note.endswith("rerun with --num-prompts 2500 or more")  # 3 × 36.9 × 22 = 2435
+    long = [{"mean_e2el_ms": 44_000.0, "completed": 300}]
+    assert short_run_note(long, 1.95) == ""  # 154 s of arrivals > 3 × 44 s
+    assert short_run_note([], 1.0) == ""
