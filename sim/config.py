@@ -26,7 +26,8 @@ from sim.cost.cuda_graphs import CudaGraphConfig
 from sim.cost.host import HostCosts
 from sim.cost.roofline import RooflineParams
 from sim.hardware import GPUSpec, get_gpu
-from sim.models import ModelSpec, get_model
+from sim.model_catalog import get_model
+from sim.models import ModelSpec
 from workload.config import WorkloadConfig
 
 #: Upper bound of any one front-end cost or latency (one day): larger values are typos, and

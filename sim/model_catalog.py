@@ -73,7 +73,7 @@ def model_names() -> list[str]:
     return list(catalog())
 
 
-def resolve_model(name: str) -> ModelSpec:
+def get_model(name: str) -> ModelSpec:
     """A catalog model by id or alias (case-insensitive), else a config.json / model
     directory at that path; anything else is an error listing the catalog."""
     key = name.strip()

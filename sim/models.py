@@ -9,7 +9,7 @@ are matched within 2%, ``tests/sim/test_model_catalog.py``), weight bytes, KV by
 and what one GPU holds of each under tensor and expert parallelism.
 
 The catalog (``sim/data/models/``: the config.json files of commonly deployed models, with
-their sources) is read by ``sim/model_catalog.py``; ``get_model`` takes a catalog name, an
+their sources) is read by ``sim/model_catalog.py``; ``get_model`` (there) takes a catalog name, an
 alias, or a path to a config.json or a model directory.
 """
 
@@ -279,11 +279,3 @@ class ModelSpec:
         tokens = self.sliding_window + block_size
         return self.num_sliding_layers * tokens * self.kv_bytes_per_token_layer(
             tensor_parallel_size)
-
-
-def get_model(name: str) -> ModelSpec:
-    """A model by catalog name or alias (case-insensitive), or by a path to a config.json or
-    a model directory (``sim/model_catalog.py``)."""
-    from sim.model_catalog import resolve_model
-
-    return resolve_model(name)

@@ -25,7 +25,7 @@ from typing import Any
 import pandas as pd
 
 from experiments.plan.planner import Candidate, Evaluator, PlanSpec, seeds_mean
-from sim.models import get_model
+from sim.model_catalog import get_model
 
 
 def _flag(name: str) -> str:

@@ -158,7 +158,7 @@ class PlanSpec:
     def _budget_candidates(self) -> list[Candidate]:
         """Every unit layout the budget holds, per GPU kind (``layouts.budget_layouts``)."""
         from experiments.plan.layouts import SpaceSpec, budget_layouts
-        from sim.models import get_model
+        from sim.model_catalog import get_model
 
         assert self.num_gpus is not None
         model = get_model(str(self.base.get("model", "meta-llama/Llama-3.1-8B")))

@@ -24,7 +24,7 @@ from experiments.plan.front import _pareto, serve_commands
 from experiments.plan.layouts import SpaceSpec, budget_layouts, pipeline_parallel_supported
 from experiments.plan.planner import Candidate, PlanSpec, prescreen
 from experiments.sweep.expfile import full_config
-from sim.models import get_model
+from sim.model_catalog import get_model
 from tests.experiments.helpers import ConstantStepCostModel, analytic_base, analytic_capacity
 
 

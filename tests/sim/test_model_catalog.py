@@ -12,8 +12,8 @@ import pytest
 from experiments.cli import main
 from sim.config import ConfigError, SimConfig, kv_capacity
 from sim.hf_config import ARCHITECTURES, ModelConfigError, load_model_config
-from sim.model_catalog import DATA_DIR, catalog, resolve_model
-from sim.models import UnknownModelError, get_model
+from sim.model_catalog import DATA_DIR, catalog, get_model
+from sim.models import UnknownModelError
 
 ENTRIES = list(catalog().values())
 
@@ -110,7 +110,7 @@ def _write(tmp_path: Path, cfg: dict[str, object], name: str = "config.json") ->
 def test_a_config_json_path_or_directory_is_a_model(tmp_path: Path) -> None:
     cfg = json.loads((DATA_DIR / "meta-llama__Llama-3.1-8B.json").read_text())
     path = _write(tmp_path, cfg)
-    from_file, from_dir = resolve_model(str(path)), resolve_model(str(tmp_path))
+    from_file, from_dir = get_model(str(path)), get_model(str(tmp_path))
     shipped = get_model("meta-llama/Llama-3.1-8B")
     assert from_file.total_params == from_dir.total_params == shipped.total_params
     assert from_file.name == str(path)
@@ -155,13 +155,13 @@ def test_missing_moe_and_mla_fields_are_named(tmp_path: Path) -> None:
 
 def test_unreadable_paths(tmp_path: Path) -> None:
     with pytest.raises(ModelConfigError, match=r"a model directory needs a config\.json"):
-        resolve_model(str(tmp_path))
+        get_model(str(tmp_path))
     bad = tmp_path / "x.json"
     bad.write_text("{not json")
     with pytest.raises(ModelConfigError, match="not a JSON file"):
-        resolve_model(str(bad))
+        get_model(str(bad))
     with pytest.raises(UnknownModelError, match=r"or a path to a config\.json"):
-        resolve_model("no/such-model")
+        get_model("no/such-model")
 
 
 def test_expert_parallel_needs_a_moe_model(capsys: pytest.CaptureFixture[str],

@@ -16,7 +16,7 @@ from sim.cost.moe import MoECost, MoELayout, touched_experts
 from sim.cost.roofline import RooflineCostModel
 from sim.cost.vllm_step import VllmStepCostModel
 from sim.hardware import get_gpu
-from sim.models import get_model
+from sim.model_catalog import get_model
 from sim.runtime import make_cost_model
 
 H100, H200 = get_gpu("h100-sxm"), get_gpu("h200-sxm")

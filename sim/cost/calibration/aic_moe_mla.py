@@ -23,7 +23,7 @@ from typing import Any
 
 import pandas as pd
 
-from sim.cost.calibration.aic_extract import Writer, pick, wide
+from sim.cost.calibration.aic_io import Writer, pick, wide
 
 MOE_DTYPES = ("bfloat16", "fp8", "fp8_block", "w4a16_mxfp4")
 #: MLA heads per GPU kept: DeepSeek-V3's 128 heads at TP 1-16.
