@@ -27,7 +27,7 @@ import math
 import sys
 import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 
 import simpy
@@ -158,7 +158,10 @@ class SimRuntime:
         workload: Workload | None = None,
         cost_model: CostModel | None = None,
         progress: Callable[[int, int, float], None] | None = None,
+        request_frontend_s: Sequence[float] | None = None,
     ) -> None:
+        """``request_frontend_s``: each request's front-end time (API-server CPU), replacing
+        the front-end config's cost model — a replay of measured requests."""
         self.cfg = cfg
         self.engine_config = resolve_engine_config(cfg)
         self.workload = workload if workload is not None else build_workload(cfg.workload)
@@ -179,6 +182,9 @@ class SimRuntime:
             make_router(cfg.router, cfg.router_load_cap) if cfg.data_parallel_size > 1 else None
         )
         self.api = APIServerPool(cfg.frontend)
+        if request_frontend_s is not None and len(request_frontend_s) != len(self.workload):
+            raise ValueError("request_frontend_s needs one value per request")
+        self._request_frontend_s = request_frontend_s
         self.env = simpy.Environment()
         self.stats = SimStats(num_requests=len(self.workload))
         self.reject_reasons: dict[str, str] = {}
@@ -297,7 +303,7 @@ class SimRuntime:
         send times are known, so the engine's horizon can be the engine arrival itself)."""
         if not self._open_loop:
             return self.api.admit(send_s + self.cfg.frontend.network_latency_s,
-                                  int(self.workload.prompt_lens[i]))
+                                  int(self.workload.prompt_lens[i]), self._frontend_cost(i))
         self._admit_ahead(i)
         times = self._frontend_times[i]
         assert times is not None
@@ -312,7 +318,13 @@ class SimRuntime:
                 cached.append(None)
                 continue
             send = float(self.workload.send_time_s[j]) + self.cfg.frontend.network_latency_s
-            cached.append(self.api.admit(send, int(self.workload.prompt_lens[j])))
+            cached.append(self.api.admit(send, int(self.workload.prompt_lens[j]),
+                                         self._frontend_cost(j)))
+
+    def _frontend_cost(self, i: int) -> float | None:
+        """Request ``i``'s replayed front-end time, if the run replays them."""
+        costs = self._request_frontend_s
+        return None if costs is None else float(costs[i])
 
     def _rejects(self, i: int) -> bool:
         w = self.workload
