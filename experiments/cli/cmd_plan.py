@@ -2,7 +2,7 @@
 
 With ``--num-gpus N`` every layout N GPUs of each ``--gpus`` kind can hold is a candidate
 (TP × PP × expert parallelism × ``--quantizations``; replicas fill the budget); otherwise the
-candidates are ``--gpus`` × ``--tp`` × ``--dp``. ``--knob`` values multiply either. Each
+candidates are ``--gpus`` × ``--tp`` × ``--pp`` × ``--dp``. ``--knob`` values multiply either. Each
 candidate is estimated by the cost model first (the analytic pre-screen prunes what cannot win,
 on by default with a budget), then its highest request rate whose SLO attainment (``--slo
 ttft:500 tpot:50``, ``--attainment 99``) holds for every seed is searched from that estimate;
@@ -116,12 +116,13 @@ def build_spec(args: argparse.Namespace) -> Any:
         raise UserError(f"--front-fractions must be in (0, 1), got {list(fractions)}")
     gpus = tuple(args.gpus or [base.get("gpu", "h100-sxm")])
     tps = tuple(args.tp or [base.get("tensor_parallel_size", 1)])
+    pps = tuple(args.pp or [base.get("pipeline_parallel_size", 1)])
     return PlanSpec(
-        base=base, gpus=gpus, tp_sizes=tps, dp_sizes=tuple(args.dp or [1]),
+        base=base, gpus=gpus, tp_sizes=tps, dp_sizes=tuple(args.dp or [1]), pp_sizes=pps,
         knobs=parse_knobs(args.knob), slos_ms=slos, attainment=attainment,
         seeds=tuple(range(args.seeds)), search=search, target_rate=args.target_rate,
         max_replicas=args.max_replicas, gpu_prices=parse_prices(args.gpu_price),
-        num_gpus=args.num_gpus, pp_sizes=tuple(args.pp or [1]),
+        num_gpus=args.num_gpus,
         quantizations=parse_quantizations(args.quantizations),
         expert_parallel=args.expert_parallel, prescreen=args.prescreen,
         start_from_estimate=args.rate_start is None, front_fractions=fractions,
@@ -230,8 +231,6 @@ def register(sub: Any) -> None:
     g.add_argument("--gpus", nargs="+", help="candidate GPUs (default: --gpu or h100-sxm)")
     g.add_argument("--num-gpus", type=int, help="GPU budget per kind: plan every layout it "
                    "holds (TP × PP × EP × --quantizations; replicas fill the budget)")
-    g.add_argument("--pp", nargs="+", type=int, help="with --num-gpus: pipeline-parallel sizes "
-                   "(default 1; needs a simulator with pipeline parallelism)")
     g.add_argument("--quantizations", nargs="+", metavar="Q",
                    help="with --num-gpus: weight dtypes, none (the checkpoint's) and/or fp8")
     g.add_argument("--expert-parallel", choices=["auto", "on", "off"], default="auto",
@@ -240,6 +239,9 @@ def register(sub: Any) -> None:
                    help="prune candidates the cost model's estimate rules out (default: on "
                    "with --num-gpus)")
     g.add_argument("--tp", nargs="+", type=int, help="candidate TP sizes (default 1)")
+    g.add_argument("--pp", nargs="+", type=int,
+                   help="candidate pipeline-parallel sizes (default 1; with --num-gpus: the "
+                   "PP sizes the budget's layouts may use)")
     g.add_argument("--dp", nargs="+", type=int, help="candidate replica counts (default 1; "
                    "solved instead with --target-rate)")
     g.add_argument("--knob", action="append", metavar="KEY=V1,V2",

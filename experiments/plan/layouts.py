@@ -10,9 +10,9 @@ lists. A *unit* is what one ``vllm serve`` engine group runs and the capacity se
   ``--enable-expert-parallel`` (both are candidates): the unit is the whole deployment.
 
 Search dimensions are a table (``DIMENSIONS``), so a dimension the simulator gains slots in
-as one row: pipeline parallelism is enumerated once ``SimConfig`` has a
-``pipeline_parallel_size`` field (``pipeline_parallel_supported``); until then ``--pp`` sizes
-other than 1 are refused with that reason.
+as one row: pipeline parallelism is enumerated for dense models where ``SimConfig`` has a
+``pipeline_parallel_size`` field (``pipeline_parallel_supported``; otherwise ``--pp`` sizes
+other than 1 are refused with that reason).
 """
 
 from __future__ import annotations

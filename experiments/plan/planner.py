@@ -97,6 +97,7 @@ class PlanSpec:
     gpus: tuple[str, ...]
     tp_sizes: tuple[int, ...] = (1,)
     dp_sizes: tuple[int, ...] = (1,)  # ignored with a target rate (the DP count is solved)
+    pp_sizes: tuple[int, ...] = (1,)  # pipeline stages per replica
     knobs: tuple[tuple[str, tuple[Any, ...]], ...] = ()  # canonical key → candidate values
     slos_ms: Mapping[str, float] = field(default_factory=lambda: {"ttft": 500.0, "tpot": 50.0})
     attainment: float = 0.99  # fraction of requests that must meet every SLO
@@ -106,7 +107,6 @@ class PlanSpec:
     max_replicas: int = 16
     gpu_prices: Mapping[str, float] = field(default_factory=dict)  # $ per GPU-hour
     num_gpus: int | None = None  # a GPU budget: plan every layout it holds (layouts.py)
-    pp_sizes: tuple[int, ...] = (1,)  # budget mode: pipeline-parallel sizes
     quantizations: tuple[str | None, ...] = (None,)  # budget mode: weight dtypes
     expert_parallel: str = "auto"  # budget mode: "auto", "on" or "off" (MoE models)
     prescreen: bool | None = None  # prune by the estimate (None: in budget mode only)
@@ -116,8 +116,8 @@ class PlanSpec:
     def __post_init__(self) -> None:
         if not self.gpus or not self.tp_sizes or not self.dp_sizes or not self.seeds:
             raise UserError("plan needs at least one GPU, TP size, DP size and seed")
-        if any(n < 1 for n in (*self.tp_sizes, *self.dp_sizes)):
-            raise UserError("TP and DP sizes must be >= 1")
+        if any(n < 1 for n in (*self.tp_sizes, *self.dp_sizes, *self.pp_sizes)):
+            raise UserError("TP, PP and DP sizes must be >= 1")
         if any(tp & (tp - 1) for tp in self.tp_sizes):
             raise UserError(f"TP sizes must be powers of two, got {list(self.tp_sizes)}")
         if not str(self.base.get("cost_model", "")).startswith("fitted:"):
@@ -152,8 +152,8 @@ class PlanSpec:
         dps = (1,) if self.target_rate is not None else self.dp_sizes
         combos = itertools.product(*(values for _, values in self.knobs))
         knob_sets = [tuple(zip((k for k, _ in self.knobs), c, strict=True)) for c in combos]
-        return [Candidate(g, tp, dp, ks) for g in self.gpus for tp in self.tp_sizes
-                for dp in dps for ks in knob_sets]
+        return [Candidate(g, tp, dp, ks, pp) for g in self.gpus for tp in self.tp_sizes
+                for pp in self.pp_sizes for dp in dps for ks in knob_sets]
 
     def _budget_candidates(self) -> list[Candidate]:
         """Every unit layout the budget holds, per GPU kind (``layouts.budget_layouts``)."""
@@ -204,7 +204,7 @@ class Evaluator:
                                 for k, v in self.spec.base.items()}
         user.update(gpu=candidate.gpu, tensor_parallel_size=candidate.tensor_parallel_size,
                     data_parallel_size=candidate.data_parallel_size)
-        if candidate.pipeline_parallel_size > 1:  # only generated where SimConfig has PP
+        if candidate.pipeline_parallel_size > 1 or "pipeline_parallel_size" in user:
             user["pipeline_parallel_size"] = candidate.pipeline_parallel_size
         if candidate.expert_parallel:
             user["enable_expert_parallel"] = True

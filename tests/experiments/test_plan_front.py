@@ -207,14 +207,11 @@ def test_plan_a_budget_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[
     (["--num-gpus", "2", "--tp", "2"], "--num-gpus enumerates the layouts itself"),
     (["--num-gpus", "2", "--target-rate", "3"], "give one"),
     (["--num-gpus", "2", "--quantizations", "int4"], "invalid --quantizations value 'int4'"),
-    (["--num-gpus", "2", "--pp", "2"], "pipeline"),
     (["--num-gpus", "2", "--expert-parallel", "on"], "needs a mixture-of-experts model"),
     (["--front-fractions", "1.5"], "--front-fractions must be in (0, 1)"),
 ])
 def test_bad_budget_input_is_one_line(args: list[str], message: str, tmp_path: Path,
                                       capsys: pytest.CaptureFixture[str]) -> None:
-    if "--pp" in args and pipeline_parallel_supported():
-        pytest.skip("the simulator has pipeline parallelism")
     assert main(["plan", "--model", "llama-3.1-8b", "--gpus", "h100-sxm",
                  "--out", str(tmp_path), *TINY, *args]) == 2
     err = capsys.readouterr().err

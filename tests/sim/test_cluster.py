@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from engine.core.request import Request, SamplingParams
-from sim.cluster import (
+from engine.core.routing import (
     LeastKVRouter,
     LeastOutstandingRouter,
     PrefixAwareRouter,

@@ -1,10 +1,15 @@
-"""Data-parallel replicas behind shared API servers, and the routers that pick one per request.
+"""Data-parallel replicas behind shared API servers, and the routers that pick one per request —
+the same code in both worlds: the simulator's cluster (``sim/runtime.py``) and every API server
+of ``twinserve serve -dp N`` (``engine/entrypoints/engine_client.py``).
 
 Each replica is its own ``EngineCore`` (scheduler + KV cache) on its own GPUs. When a request
 leaves an API server, the router chooses a replica from what it can know at that moment
 (``ReplicaView``): requests it routed there that are not yet fully delivered, the replica's
-last reported queue lengths and KV usage (as of the last step it applied), and — for the
-prefix-aware router — how many of the request's leading tokens that replica's cache holds.
+last reported queue lengths and KV usage (the simulator: as of the last step it applied; a
+server: as the DP coordinator last published them), and — for the prefix-aware router — how
+many of the request's leading tokens that replica's cache holds (the simulator looks in the
+replica's prefix cache; a server, which cannot, in an index of the prompt blocks it sent
+there). A router never reads the request itself: it hands it to ``cached_prefix_tokens``.
 
 Routers (a plain dict selects one by name, ``ROUTERS``):
 
@@ -23,10 +28,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from engine.core.errors import UserError
-from engine.core.request import Request
+
+#: What a router routes: the world's own request object, opaque to the router.
+Request = Any
 
 
 class UnknownRouterError(UserError):
