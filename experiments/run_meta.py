@@ -88,6 +88,7 @@ def simulated_run_meta(result: SimResult) -> RunMeta:
         reject_reasons=result.reject_reasons,
         notes={"step_costs": step_costs_label(cfg)},
         provenance=provenance(),
+        scheduling_policy=result.scheduling_policy,
     )
 
 
@@ -126,6 +127,7 @@ def measured_run_meta(
         ),
         reject_reasons=result.reject_reasons,
         provenance=provenance(),
+        scheduling_policy=result.scheduling_policy,
     )
 
 
@@ -171,6 +173,7 @@ def served_run_meta(
         reject_reasons={},
         provenance=provenance(),
         notes={"mode": mode, "backend": "twinserve-serve"},
+        scheduling_policy=engine.scheduling_policy or None,
     )
 
 

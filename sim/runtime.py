@@ -37,6 +37,14 @@ from engine.core.events import EventKind, EventLog
 from engine.core.hashing import PrecomputedBlockHasher
 from engine.core.interfaces import CostModel
 from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.policy import (
+    PolicyError,
+    RequestLengths,
+    StreamInfo,
+    describe_bulk,
+    held_message,
+    policy_summary,
+)
 from engine.core.request import Request, SamplingParams
 from engine.core.routing import ReplicaView, Router, make_router
 from sim.config import SimConfig, resolve_engine_config
@@ -91,7 +99,7 @@ class SimStats:
     """Counters of one run (for reports and benchmarks)."""
 
     num_requests: int = 0
-    num_rejected: int = 0
+    num_rejected: int = 0  # by the admission rule, or shed by the scheduling policy
     num_steps: int = 0  # engine steps (schedule() calls applied)
     num_bulk_steps: int = 0  # of which applied by the bulk fast path
     num_bulk_runs: int = 0
@@ -111,6 +119,7 @@ class SimResult:
     event_log: EventLog
     stats: SimStats
     reject_reasons: dict[str, str] = field(default_factory=dict)
+    scheduling_policy: dict[str, object] = field(default_factory=dict)  # policy_summary
 
 
 def make_cost_model(cfg: SimConfig, engine_config: EngineConfig | None = None) -> CostModel:
@@ -188,12 +197,17 @@ class SimRuntime:
             cost_model if cost_model is not None else make_cost_model(cfg, self.engine_config)
         )
         self.log = EventLog()
+        w = self.workload
+        stream = StreamInfo(
+            seed=cfg.seed, lengths=RequestLengths(w.prompt_lens, w.output_lens),
+            has_slos=w.has_slos,
+        )
         self.replicas = [
             EngineReplica(
                 r, self.engine_config, self.cost_model, cfg.frontend, self.log,
                 self._request_done, fast_path=cfg.fast_path,
                 closed_loop=self.workload.max_concurrency is not None,
-                report_state=cfg.data_parallel_size > 1,
+                report_state=cfg.data_parallel_size > 1, stream=stream,
             )
             for r in range(cfg.data_parallel_size)
         ]
@@ -243,6 +257,9 @@ class SimRuntime:
             self.env.run()
         finally:
             _loop_gc_exit()
+        for replica in self.replicas:
+            if replica.core.held_by_policy:
+                raise PolicyError(held_message(replica.core))
         if len(self.replicas) > 1:
             self.log.compact_step_ids(STEP_ID_STRIDE)
         stats = self.stats
@@ -253,9 +270,19 @@ class SimRuntime:
         stats.num_bulk_runs = sum(r.num_bulk_runs for r in self.replicas)
         stats.api_server_busy_s = self.api.busy_s
         stats.output_processor_busy_s = sum(r.out.busy_s for r in self.replicas)
+        for replica in self.replicas:
+            self.reject_reasons.update(replica.core.rejected_reasons)
+        stats.num_rejected = len(self.reject_reasons)
         return SimResult(
-            self.cfg, self.engine_config, self.workload, self.log, stats, self.reject_reasons
+            self.cfg, self.engine_config, self.workload, self.log, stats, self.reject_reasons,
+            self.policy_summary(),
         )
+
+    def policy_summary(self) -> dict[str, object]:
+        """The scheduling policy of the run, as its metadata records it (``policy_summary``)."""
+        policy = self.replicas[0].core.scheduler.policy
+        fast_path = describe_bulk(policy) if self.cfg.fast_path else "off (fast_path = false)"
+        return policy_summary(policy, self.engine_config.scheduler, fast_path)
 
     # -- the client -----------------------------------------------------------------------------
     def _client(self) -> Generator[simpy.Event, object, None]:
@@ -291,6 +318,9 @@ class SimRuntime:
         prompt_len = int(w.prompt_lens[i])
         output_len = int(w.output_lens[i])
         log.record(req_id, EventKind.ARRIVAL, send_s, prompt_len)
+        if w.has_labels:
+            slo = w.slo_class(i)
+            log.record_labels(req_id, w.tenant(i), "" if slo is None else slo.name)
         self._outstanding += 1
         reason = reject_reason(prompt_len, output_len, self._max_model_len)
         if reason is not None:
@@ -363,12 +393,19 @@ class SimRuntime:
         if self._caching:
             keys = self.workload.prompt_block_keys(i, self._block_size)
             hasher = PrecomputedBlockHasher(self._block_size, keys, unique_id=i)
+        w = self.workload
+        if w.has_labels:
+            return Request(
+                req_id, sampling_params=params, num_prompt_tokens=prompt_len,
+                arrival_time=send_s, priority=int(w.priorities[i]), block_hasher=hasher,
+                tenant=w.tenant(i), slo=w.slo_class(i),
+            )
         return Request(
             req_id,
             sampling_params=params,
             num_prompt_tokens=prompt_len,
             arrival_time=send_s,
-            priority=int(self.workload.priorities[i]),
+            priority=int(w.priorities[i]),
             block_hasher=hasher,
         )
 
