@@ -187,7 +187,7 @@ def test_plan_killed_then_rerun(refs: dict[str, Path], tmp_path: Path, sig: int)
 def test_ctrl_c_stops_a_plan_mid_probe(tmp_path: Path) -> None:
     """Ctrl-C while probe threads wait on pool workers: out within seconds, no orphans (the
     interpreter must not join threads waiting on cancelled work)."""
-    slow = [*PLAN[:PLAN.index("--num-prompts") + 1], "2000",
+    slow = [*PLAN[:PLAN.index("--num-prompts") + 1], "30000",
             *PLAN[PLAN.index("--num-prompts") + 2:]]
     done = run_cli([*slow, "--out", "o"], tmp_path, sig=signal.SIGINT, after_s=2.5,
                    to_group=True)
