@@ -205,6 +205,7 @@ def _plan(args: argparse.Namespace) -> int:
         raise UserError(f"--seeds must be in [1, 1000], got {args.seeds}")
     spec = build_spec(args)
     num_candidates = _check_size(spec)
+    spec.candidates()  # the layouts' own checks (e.g. --expert-parallel), before any output
     from experiments.cli.reporting import open_out_dir
     from experiments.resources import check_simulation_memory
     from experiments.sweep.backends import running, worker_count
