@@ -153,12 +153,13 @@ def _build_request(spec: Any, index: int, cfg: dict[str, Any], hasher: TokenBloc
 
 def load_workload(path: str | Path) -> ReplayWorkload:
     """Read and validate a workload file; raises WorkloadError naming what is wrong."""
+    from engine.paths import PathError, read_text
+
     where = str(path)
     try:
-        with open(path) as f:
-            raw = json.load(f)
-    except OSError as exc:
-        raise WorkloadError(f"cannot read {where}: {exc.strerror}") from None
+        raw = json.loads(read_text(path, "workload file"))
+    except PathError as exc:
+        raise WorkloadError(str(exc)) from None
     except json.JSONDecodeError as exc:
         raise WorkloadError(f"{where} is not valid JSON: {exc.msg} at line {exc.lineno}") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("requests"), list):

@@ -82,20 +82,24 @@ FLAG_FIELDS: dict[str, tuple[str | None, str]] = {
     "ramp_up_end_rps": ("workload", "ramp_up_end_rps"),
 }
 
+#: The workload flags (``add_workload_flags``' destinations).
+WORKLOAD_FLAGS: tuple[str, ...] = tuple(
+    dest for dest, (section, _) in FLAG_FIELDS.items() if section == "workload"
+)
+
 #: The embedded default run of ``twinserve simulate`` with no arguments.
 DEFAULT_DATASET = {"dataset_name": "trace", "dataset_path": "azure-conv", "num_prompts": 1000}
 
 
 def load_experiment_file(path: str) -> dict[str, Any]:
     """A TOML or JSON file holding a SimConfig dict (sections engine, frontend, workload…)."""
+    from engine.paths import read_text
+
     p = Path(path)
+    text = read_text(p, "config file")  # a FIFO, a device, bytes not UTF-8: named, not read
     try:
-        text = p.read_bytes()
-    except OSError as exc:
-        raise UserError(f"cannot read {path}: {exc.strerror}") from None
-    try:
-        data = json.loads(text) if p.suffix == ".json" else tomllib.loads(text.decode())
-    except (json.JSONDecodeError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        data = json.loads(text) if p.suffix == ".json" else tomllib.loads(text)
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
         raise UserError(f"{path} is not valid {'JSON' if p.suffix == '.json' else 'TOML'}: "
                         f"{exc}") from None
     if not isinstance(data, dict):
@@ -175,4 +179,42 @@ def config_dict_from_args(
     if work.get("dataset_name") == "trace" and "request_rate" in work:
         rate = work["request_rate"]
         work["trace_rate_given"] = not (isinstance(rate, float) and math.isnan(rate))
+    check_flags_apply(args, work)
     return out
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def check_flags_apply(args: argparse.Namespace, work: dict[str, Any]) -> None:
+    """Refuse a workload flag given on the command line that the resolved workload ignores:
+    a flag of another dataset (``--random-input-len`` with a trace), ``--trace-time-scale``
+    where arrivals are synthetic, ``--burstiness`` where they are not (a trace replayed at its
+    own times, or every request sent at once). Keys from a config file are not flags: an
+    experiment file may hold keys of several datasets for its variants."""
+    given = [d for d in WORKLOAD_FLAGS if getattr(args, d, None) is not None]
+    dataset = work.get("dataset_name", "random")
+    owners = {"random_": "random", "prefix_repetition_": "prefix_repetition"}
+    for dest in given:
+        for prefix, owner in owners.items():
+            if dest.startswith(prefix) and dataset != owner:
+                raise ConfigError(
+                    f"{_flag(dest)} applies to --dataset-name {owner}, but the workload is the "
+                    f"{dataset} dataset: drop the flag or choose --dataset-name {owner}"
+                )
+    synthetic = dataset != "trace" or bool(work.get("trace_rate_given"))
+    if "trace_time_scale" in given and synthetic:
+        why = ("the arrivals are synthetic (--request-rate)" if dataset == "trace"
+               else f"the {dataset} dataset has no trace")
+        raise ConfigError(f"--trace-time-scale speeds up a trace's own arrival times, but "
+                          f"{why}: drop it")
+    if "burstiness" in given:
+        rate = work.get("request_rate", math.inf)
+        if not synthetic:
+            raise ConfigError("--burstiness shapes synthetic arrivals, but the trace is replayed "
+                              "at its own arrival times: give --request-rate too, or drop it")
+        if isinstance(rate, (int, float)) and math.isinf(rate):
+            raise ConfigError("--burstiness shapes the gaps between arrivals, but with "
+                              "--request-rate inf (the default) every request arrives at "
+                              "once: give a finite --request-rate, or drop it")

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from engine.output_dir import OutputDir, atomic_write_text
 from reports.errors import ReportError
 from reports.meta import write_json
 from reports.metrics import METRIC_TITLES, summarize
@@ -38,6 +39,11 @@ def _labels(run_dirs: Sequence[Path], metas: Sequence[Mapping[str, Any]],
         if len(labels) != len(run_dirs):
             raise ReportError(
                 f"got {len(labels)} labels for {len(run_dirs)} runs: give one label per run"
+            )
+        repeated = sorted({lab for lab in labels if list(labels).count(lab) > 1})
+        if repeated or not all(labels):
+            raise ReportError(
+                f"labels must be distinct and non-empty (one per run), got {','.join(labels)}"
             )
         return list(labels)
     names = [str(m.get("label") or d.name) for m, d in zip(metas, run_dirs, strict=True)]
@@ -106,12 +112,22 @@ def compare_runs(
     goodput: Mapping[str, float] | None = None,
     plots: bool = True,
 ) -> dict[str, Any]:
-    """Compare runs (the first is the baseline); writes compare.{json,md,html} and the CDFs."""
-    from reports.plots import latency_curves, plot_overlaid_cdfs
-
+    """Compare runs (the first is the baseline); writes compare.{json,md,html} and the CDFs
+    into ``out_dir``, a directory written whole (``engine.output_dir.OutputDir``)."""
     dirs = [Path(d) for d in run_dirs]
     if len(dirs) < 2:
         raise ReportError("compare needs at least two run directories")
+    with OutputDir(out_dir, "compare").open() as out:
+        result = _compare(dirs, out.staging, labels, percentiles, goodput, plots)
+        out.commit(data=["compare.json"])
+    return result
+
+
+def _compare(dirs: Sequence[Path], out: Path, labels: Sequence[str] | None,
+             percentiles: Sequence[float], goodput: Mapping[str, float] | None,
+             plots: bool) -> dict[str, Any]:
+    from reports.plots import latency_curves, plot_overlaid_cdfs
+
     loaded = [load_run_dir(d) for d in dirs]
     names = _labels(dirs, [m for m, _ in loaded], labels)
     summaries = [
@@ -120,8 +136,6 @@ def compare_runs(
         for m, t in loaded
     ]
     rows = comparison_rows(summaries, names, percentiles)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     blocks = [
         Block("h1", f"twinserve comparison: {', '.join(names)}"),
         Block("p", f"Baseline: {names[0]}. Δ = (run − baseline) / baseline; with the measured "
@@ -148,6 +162,6 @@ def compare_runs(
         "rows": rows,
     }
     write_json(out / "compare.json", result)
-    (out / "compare.md").write_text(to_markdown(blocks, out))
-    (out / "compare.html").write_text(to_html(blocks, blocks[0].text))
+    atomic_write_text(out / "compare.md", to_markdown(blocks, out))
+    atomic_write_text(out / "compare.html", to_html(blocks, blocks[0].text))
     return result

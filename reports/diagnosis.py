@@ -13,7 +13,8 @@ The verdict comes from where the p99 request's time went and how loaded each sta
 3. Otherwise a saturated stage still decides: KV usage ≥ 95% for ≥ ``KV_FULL_TIME`` of the run
    with preemptions (queue/KV), an API server or the output processor busy ≥
    ``BUSY_THRESHOLD`` of the run (front end, output).
-4. Otherwise the run is healthy.
+4. Otherwise the run is healthy — unless no request completed at all: then the verdict is
+   "nothing-completed" and the paragraph names the commonest reasons requests were rejected.
 
 The paragraph states the evidence (KV usage, preemptions, queue lengths, front-end utilisation,
 step times) and what to try.
@@ -36,6 +37,7 @@ from reports.tables import RunTables
 
 VERDICTS: tuple[str, ...] = (
     "front-end-bound", "queue/KV-bound", "compute-bound", "output-bound", "healthy",
+    "nothing-completed",
 )
 SCORE_THRESHOLD = 0.3  # share of the p99 TTFT request spent queueing at one stage
 KV_FULL_TIME = 0.3  # fraction of the run with KV usage >= 95%
@@ -117,7 +119,7 @@ def diagnose(
     scores["output-bound"] = max(scores["output-bound"], e2el_out)
     ev = _evidence(tables, breakdown, engine)
     if p99["num_requests"] == 0:
-        return Diagnosis("healthy", _nothing_completed(tables.requests), scores, ev)
+        return Diagnosis("nothing-completed", _nothing_completed(tables.requests), scores, ev)
     verdict = max(scores, key=lambda k: scores[k])
     if scores[verdict] < SCORE_THRESHOLD:
         verdict = _saturated_stage(ev)

@@ -73,9 +73,12 @@ def to_jsonable(value: Any) -> Any:
 
 
 def write_json(path: str | Path, value: Any) -> Path:
-    path = Path(path)
-    path.write_text(json.dumps(to_jsonable(value), indent=1, allow_nan=False) + "\n")
-    return path
+    """``value`` as strict JSON in ``path``, written atomically (a reader sees the old file or
+    the whole new one)."""
+    from engine.output_dir import atomic_write_text
+
+    return atomic_write_text(path, json.dumps(to_jsonable(value), indent=1, allow_nan=False)
+                             + "\n")
 
 
 def read_json(path: str | Path) -> Any:

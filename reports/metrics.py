@@ -7,7 +7,9 @@
 * TTFT/E2EL are client-side (first/last token delivery − send); TPOT = (E2EL − TTFT)/(n − 1)
   over requests with n > 1 output tokens; ITLs are pooled over requests (``itl.pooled_itls``);
 * ``mean_/median_/std_/p{P}_{metric}_ms`` for each selected metric, in vllm's order (ttft, tpot,
-  itl, e2el) with vllm's key spelling (``p99``, ``p99.9``);
+  itl, e2el) with vllm's key spelling (``p99``, ``p99.9``); null where no request gives the
+  metric a value (vllm writes 0, which would read as a perfect latency of a run in which
+  nothing completed);
 * ``duration`` = first send → last completion (incl. failures); throughputs divide by it;
 * goodput (DistServe): requests meeting every given SLO — a request with ≤ 1 output token has
   TPOT 0 — divided by the duration; ``request_goodput`` is null without SLOs, as in vllm.
@@ -100,8 +102,14 @@ def goodput_mask(
     return good
 
 
-def _metric_fields(d: Describe, key: str) -> dict[str, float]:
-    out = {
+def _metric_fields(d: Describe, key: str) -> dict[str, float | None]:
+    """vllm's keys of one metric; None (null) when no request gives it a value — vllm writes
+    0 there, which reads as a perfect latency for a run in which nothing completed."""
+    if d.count == 0:
+        keys = [f"mean_{key}_ms", f"median_{key}_ms", f"std_{key}_ms"]
+        keys += [f"p{percentile_word(p)}_{key}_ms" for p, _ in d.percentiles]
+        return dict.fromkeys(keys)
+    out: dict[str, float | None] = {
         f"mean_{key}_ms": d.mean * MS_PER_S,
         f"median_{key}_ms": d.median * MS_PER_S,
         f"std_{key}_ms": d.std * MS_PER_S,
@@ -238,6 +246,11 @@ def _details(tables: RunTables, ok: np.ndarray) -> dict[str, Any]:
     }
 
 
+def _ms(value: float | None) -> str:
+    """A latency as vllm prints it; "n/a" where no request gave one."""
+    return "n/a" if value is None else f"{value:.2f}"
+
+
 def format_summary(summary: Mapping[str, Any]) -> str:
     """The "Serving Benchmark Result" block, line for line in vllm bench's layout."""
     s = summary
@@ -265,11 +278,11 @@ def format_summary(summary: Mapping[str, Any]) -> str:
         if f"mean_{key}_ms" not in s:
             continue
         add("{s:{c}^{n}}".format(s=header, n=50, c="-"))
-        add("{:<40} {:<10.2f}".format(f"Mean {name} (ms):", s[f"mean_{key}_ms"]))
-        add("{:<40} {:<10.2f}".format(f"Median {name} (ms):", s[f"median_{key}_ms"]))
+        add("{:<40} {:<10}".format(f"Mean {name} (ms):", _ms(s[f"mean_{key}_ms"])))
+        add("{:<40} {:<10}".format(f"Median {name} (ms):", _ms(s[f"median_{key}_ms"])))
         for field, value in s.items():
             if field.startswith("p") and field.endswith(f"_{key}_ms"):
                 word = field[1 : -len(f"_{key}_ms")]
-                add("{:<40} {:<10.2f}".format(f"P{word} {name} (ms):", value))
+                add("{:<40} {:<10}".format(f"P{word} {name} (ms):", _ms(value)))
     lines.append("=" * 50)
     return "\n".join(lines)

@@ -1,7 +1,8 @@
 """Parsing of the report options, spelled as ``vllm bench serve`` spells them.
 
 * ``--goodput ttft:500 tpot:50 e2el:2000`` — ``KEY:VALUE`` pairs, keys ``ttft``/``tpot``/
-  ``e2el``, values in ms, non-negative (vllm's ``parse_goodput`` + ``check_goodput_args``);
+  ``e2el``, values in ms, positive (vllm's ``parse_goodput`` + ``check_goodput_args``, which also
+  accept 0: a limit no request can meet);
 * ``--metric-percentiles 50,90,99`` — comma-separated floats in [0, 100];
 * ``--percentile-metrics ttft,tpot,itl,e2el`` — comma-separated metric names.
 
@@ -52,10 +53,10 @@ def check_goodput(goodput: Mapping[str, float] | None) -> None:
             raise ReportError(
                 f"invalid goodput metric {name!r}: valid names are {', '.join(GOODPUT_METRICS)}"
             )
-        if not (value >= 0 and math.isfinite(value)):
+        if not (value > 0 and math.isfinite(value)):
             raise ReportError(
-                f"invalid goodput value {name}:{value}: the SLO must be a non-negative number "
-                "of milliseconds"
+                f"invalid goodput value {name}:{value}: the SLO must be a positive number "
+                "of milliseconds (no request meets a limit of 0 ms)"
             )
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.output_dir import atomic_write_text
 from reports.breakdown import SEGMENT_BY_NAME, path_segments
 from reports.metrics import METRIC_TITLES, format_summary
 from reports.stats import percentile_word
@@ -248,8 +249,6 @@ def write_report(
     """``report.md`` and ``report.html`` in ``out_dir``."""
     d = Path(out_dir)
     blocks = report_blocks(summary, meta, plots)
-    md = d / "report.md"
-    md.write_text(to_markdown(blocks, d))
-    page = d / "report.html"
-    page.write_text(to_html(blocks, blocks[0].text))
+    md = atomic_write_text(d / "report.md", to_markdown(blocks, d))
+    page = atomic_write_text(d / "report.html", to_html(blocks, blocks[0].text))
     return md, page

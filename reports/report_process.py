@@ -3,9 +3,11 @@
 The report stack (pandas, pyarrow, ``reports``) takes ≈ 0.4 s to import, about as long as the
 whole simulation of a small run. ``ReportProcess.start()``, called before a run, forks a process
 that imports it meanwhile on another core and then waits; after the run, ``write`` sends it the
-event log (``EventLog.export()``: plain arrays), and it builds the tables and writes the run
-directory exactly as ``reports.run_dir.write_run_dir_from_tables`` does in-process (it is that
-function), returning the summary and its printed form.
+event log (``EventLog.export()``: plain arrays) and the run's *staging* directory, and it builds
+the tables and writes the run's files there exactly as ``reports.run_dir.write_run_files`` does
+in-process (it is that function), returning what it wrote and the printed summary. The run
+itself commits the directory: a report process never publishes one, and it dies with the run
+(``engine.process_guard.die_with_parent``), so an orphan can neither finish nor publish.
 
 It is an optimisation only, so it steps aside whenever it would not help or might not work:
 ``start`` returns None where ``fork`` is unavailable, when the report stack is already imported
@@ -23,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Mapping
@@ -36,6 +39,7 @@ from reports.errors import ReportError
 if TYPE_CHECKING:
     from reports.meta import RunMeta
     from reports.options import SummaryOptions
+    from reports.run_dir import WrittenRun
 
 #: Logs with more steps than this are written in-process (copying one to the report process
 #: would briefly double the memory a long run holds).
@@ -60,7 +64,8 @@ class ReportProcess:
         ctx = multiprocessing.get_context("fork")
         ours, theirs = ctx.Pipe()
         try:
-            process = ctx.Process(target=_serve, args=(theirs, ours), daemon=True)
+            process = ctx.Process(target=_serve, args=(theirs, ours, os.getpid()),
+                                  daemon=True)
             process.start()
         except OSError:
             return None
@@ -75,10 +80,11 @@ class ReportProcess:
         options: SummaryOptions,
         plots: bool,
         file_format: str,
-    ) -> tuple[dict[str, Any], str] | None:
-        """Have the process write ``out_dir``; returns (summary, printed summary), or None if
-        the caller should write it in-process instead. A report error is raised as
-        ``ReportError``."""
+    ) -> tuple[WrittenRun, str] | None:
+        """Have the process write the run's files into ``out_dir`` (a staging directory the
+        caller commits: the process itself never publishes a run directory); returns what it
+        wrote and the printed summary, or None if the caller should write it in-process
+        instead. A report error is raised as ``ReportError``."""
         try:
             if log.num_steps > MAX_STEPS_SENT:
                 return None
@@ -87,14 +93,17 @@ class ReportProcess:
             status, value = self._conn.recv()
         except (EOFError, OSError):
             return None
+        except BaseException:  # interrupted while it writes: stop it now, not after the write
+            self._sent = False
+            raise
         finally:
             self.close()
         if status == "report-error":
             raise ReportError(value)
         if status != "ok":
             return None  # it failed: the in-process path shows the same failure, in full
-        summary, text = value
-        return summary, text
+        written, text = value
+        return written, text
 
     def close(self) -> None:
         """Stop the process: it exits when the connection closes after its reply; one that
@@ -110,12 +119,15 @@ class ReportProcess:
                 self._process.join()
 
 
-def _serve(conn: Connection, parent_end: Connection | None = None) -> None:
+def _serve(conn: Connection, parent_end: Connection | None = None,
+           parent_pid: int | None = None) -> None:
     """The report process: import the report stack, then write one run directory.
     ``parent_end``, the other end of the pipe (inherited by the fork), is closed first, so
     that the run closing its end is seen here as the end of the conversation."""
     if parent_end is not None:
         parent_end.close()
+    if parent_pid is not None:  # a forked process (tests run this function in a thread)
+        _follow_parent(parent_pid)
     try:
         # pyarrow.parquet and reports.render, which the writers import lazily, are imported
         # now too, while the run goes on
@@ -124,7 +136,7 @@ def _serve(conn: Connection, parent_end: Connection | None = None) -> None:
         import reports.render  # noqa: F401
         from reports.errors import ReportError
         from reports.metrics import format_summary
-        from reports.run_dir import write_run_dir_from_tables
+        from reports.run_dir import write_run_files
         from reports.tables import ExportedLog, build_tables
     except BaseException:
         _reply(conn, "crash", traceback.format_exc())
@@ -137,16 +149,27 @@ def _serve(conn: Connection, parent_end: Connection | None = None) -> None:
         exported, meta, out_dir, options, plots, file_format = request
         tables = build_tables(ExportedLog(exported))
         del exported, request
-        summary = write_run_dir_from_tables(
+        written = write_run_files(
             Path(out_dir), tables, meta, goodput=options.goodput,
             percentiles=options.percentiles, percentile_metrics=options.percentile_metrics,
             plots=plots, file_format=file_format,
         )
-        _reply(conn, "ok", (summary, format_summary(summary)))
+        _reply(conn, "ok", (written, format_summary(written.summary)))
     except ReportError as exc:
         _reply(conn, "report-error", str(exc))
     except BaseException:
         _reply(conn, "crash", traceback.format_exc())
+
+
+def _follow_parent(parent_pid: int) -> None:
+    """Die with the run (``prctl(PR_SET_PDEATHSIG)`` on Linux) and leave its signals to it: a
+    Ctrl-C to the terminal's process group stops the run, which stops this process."""
+    from engine.process_guard import die_with_parent
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    die_with_parent(parent_pid=parent_pid)
 
 
 def _reply(conn: Connection, status: str, value: object) -> None:

@@ -9,15 +9,25 @@ Layout::
     RUN_DIR/summary.json            vllm-bench-compatible summary + our sections (metrics.py)
     RUN_DIR/report.md, report.html  the report (render.py); the HTML embeds the plots
     RUN_DIR/plots/*.png             the plots (plots.py), unless plots=False
+    RUN_DIR/manifest.json           written last: every file's size and SHA-256, each table's
+                                    row count, the report options (engine/output_dir.py)
 
-The tables hold everything the summary is computed from, so ``rebuild_report`` reproduces
-``summary.json`` from the files alone (the round trip is tested). Parquet is the default: CSV
-writing of ~300k steps is far slower than the simulator that produced them.
+A run directory is written whole or not at all (``engine.output_dir.OutputDir``: a staging
+directory beside it, renamed into place once complete), so an interrupted run leaves the
+previous directory or nothing. ``load_run_dir`` refuses a directory whose config or tables
+differ from its manifest (cut short, replaced, mixed with another run's files) in one line
+naming the file. The tables hold everything the summary is computed from, so
+``rebuild_report`` reproduces ``summary.json`` from the files alone (the round trip is tested)
+even when the old summary is damaged. Parquet is the default: CSV writing of ~300k steps is far
+slower than the simulator that produced them.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -25,7 +35,10 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
+from engine.core.errors import UserError
 from engine.core.events import STEP_COLUMNS, EventLog
+from engine.output_dir import OutputDir, read_manifest, verify_files
+from engine.paths import input_dir
 from reports.errors import ReportError
 from reports.meta import RunMeta, meta_dict, read_json, token_budget, write_json
 from reports.metrics import summarize
@@ -60,8 +73,11 @@ def write_parquet(path: Path, df: pd.DataFrame) -> None:
                                                     preserve_index=False))
 
 
-def write_tables(out_dir: str | Path, tables: RunTables, file_format: FileFormat) -> None:
+def write_tables(out_dir: str | Path, tables: RunTables, file_format: FileFormat
+                 ) -> dict[str, int]:
+    """The three tables into ``out_dir``; {file name: row count}."""
     d = Path(out_dir)
+    rows = {}
     for name in TABLES:
         df: pd.DataFrame = getattr(tables, name)
         if file_format == "parquet":
@@ -70,13 +86,16 @@ def write_tables(out_dir: str | Path, tables: RunTables, file_format: FileFormat
             df.to_csv(d / f"{name}.csv", index=False)
         else:
             raise ReportError(f"unknown file format {file_format!r}: use parquet or csv")
+        rows[f"{name}.{file_format}"] = len(df)
+    return rows
 
 
-def _read_table(d: Path, name: str) -> pd.DataFrame:
+def _read_table(d: Path, file_name: str) -> pd.DataFrame:
     """One table of a run directory, refused by name if it cannot be read or lacks the
     columns this version writes (a damaged or foreign file is a ``ReportError``)."""
+    name = file_name.partition(".")[0]
     try:
-        df = _read_table_file(d, name)
+        df = _read_table_file(d / file_name)
     except ReportError:
         raise
     except Exception as exc:  # pyarrow, pandas, OS and decoding errors of a damaged file
@@ -98,38 +117,81 @@ REQUIRED_COLUMNS: dict[str, tuple[str, ...]] = {
     "steps": ("step_id", *STEP_COLUMNS[1:], "delivered_time_s"),
     "token_runs": ("req_index", "first_step", "num_tokens"),
 }
+#: Columns that hold text or flags, not numbers.
+TEXT_COLUMNS: frozenset[str] = frozenset(
+    {"req_id", "finish_reason", "rejected_reason", "admission_blocker", "success", "tenant",
+     "slo_class"}
+)
 
 
-def _read_table_file(d: Path, name: str) -> pd.DataFrame:
-    parquet, csv = d / f"{name}.parquet", d / f"{name}.csv"
-    if parquet.exists():
-        return pd.read_parquet(parquet)
-    if csv.exists():
-        df = pd.read_csv(csv, dtype={"req_id": str, "tenant": str, "slo_class": str})
-        if "admission_blocker" in df:
-            df["admission_blocker"] = pd.Categorical(
-                df["admission_blocker"].fillna("").astype(str)
-            )
-        for col in ("finish_reason", "rejected_reason"):
-            if col in df:
-                df[col] = pd.Categorical(df[col].astype(object))
-        for col in ("tenant", "slo_class"):  # labels: "" (read back as NaN) for none
-            if col in df:
-                df[col] = pd.Categorical(df[col].fillna("").astype(str))
-        if "success" in df:
-            df["success"] = df["success"].astype(bool)
-        return df
-    raise ReportError(f"{d} is not a run directory: it has no {name}.parquet or {name}.csv")
+def _is_count(column: str) -> bool:
+    """Whether a table column holds integers (indices and counts; the writer's dtypes):
+    an empty CSV table must index with them as a Parquet one does."""
+    return (column.startswith("num_") or column in ("req_index", "step_id", "first_step",
+                                                    "decode_context_sum", "prefix_hit_tokens"))
+
+
+def _read_table_file(path: Path) -> pd.DataFrame:
+    if path.suffix == ".parquet":
+        return pd.read_parquet(path)
+    df = pd.read_csv(path, dtype={"req_id": str, "tenant": str, "slo_class": str})
+    if df.empty:  # a header alone: numbers have no values to infer their type from
+        for col in df.columns:
+            if col not in TEXT_COLUMNS:
+                df[col] = df[col].astype(np.int64 if _is_count(col) else np.float64)
+    if "admission_blocker" in df:
+        df["admission_blocker"] = pd.Categorical(
+            df["admission_blocker"].fillna("").astype(str)
+        )
+    for col in ("finish_reason", "rejected_reason"):
+        if col in df:
+            df[col] = pd.Categorical(df[col].astype(object))
+    for col in ("tenant", "slo_class"):  # labels: "" (read back as NaN) for none
+        if col in df:
+            df[col] = pd.Categorical(df[col].fillna("").astype(str))
+    if "success" in df:
+        df["success"] = df["success"].astype(bool)
+    return df
+
+
+def _table_files(d: Path, manifest: Mapping[str, Any]) -> list[str]:
+    """The table files the manifest lists, one per table; a table file of this run's names
+    that the manifest does not list (another run's, another format's) refuses the run."""
+    listed = manifest["files"]
+    names = []
+    for name in TABLES:
+        mine = [f"{name}.{ext}" for ext in ("parquet", "csv") if f"{name}.{ext}" in listed]
+        if len(mine) != 1:
+            raise ReportError(f"{d}: its manifest lists no single {name} table (damaged)")
+        names.append(mine[0])
+        for ext in ("parquet", "csv"):
+            other = f"{name}.{ext}"
+            if other not in listed and (d / other).exists():
+                raise ReportError(
+                    f"{d}: {other} is not part of this run (its manifest lists {mine[0]}): "
+                    "files of another run were added; remove it or write the run again"
+                )
+    return names
 
 
 def load_run_dir(run_dir: str | Path) -> tuple[dict[str, Any], RunTables]:
-    """``(meta, tables)`` of a run directory written by ``write_run_dir``."""
-    d = Path(run_dir)
-    if not d.is_dir():
-        raise ReportError(f"run directory {d} does not exist")
+    """``(meta, tables)`` of a run directory written by ``write_run_dir``, verified against
+    its manifest first (see the module docstring)."""
+    meta, tables, _ = load_run_dir_verified(run_dir)
+    return meta, tables
+
+
+def load_run_dir_verified(run_dir: str | Path
+                          ) -> tuple[dict[str, Any], RunTables, dict[str, Any]]:
+    """``load_run_dir`` that also returns the run's manifest."""
+    try:
+        d = input_dir(run_dir, "run directory")
+        manifest = read_manifest(d, "run", "run directory")
+        table_files = _table_files(d, manifest)
+        verify_files(d, manifest, ["config.json", *table_files], "run directory")
+    except UserError as exc:  # a path or manifest problem: a report error like the others
+        raise ReportError(str(exc)) from None
     config = d / "config.json"
-    if not config.exists():
-        raise ReportError(f"{d} is not a run directory: it has no config.json")
     meta = read_json_object(config)
     for key in ("config", "stats", "workload", "engine_config", "reject_reasons"):
         if not isinstance(meta.get(key) or {}, dict):
@@ -139,9 +201,14 @@ def load_run_dir(run_dir: str | Path) -> tuple[dict[str, Any], RunTables]:
             value is None or isinstance(value, dict)
         ):
             raise ReportError(f"{config}: config.{key} must be an object, got {value!r:.60}")
-    tables = RunTables(*(_read_table(d, name) for name in TABLES))
+    tables = RunTables(*(_read_table(d, f) for f in table_files))
+    for f, df in zip(table_files, (tables.requests, tables.steps, tables.token_runs),
+                     strict=True):
+        expected = manifest["files"][f].get("rows")
+        if expected is not None and len(df) != expected:
+            raise ReportError(f"{d}: {f} has {len(df):,} rows, its manifest {expected:,}")
     check_tables(d, tables)
-    return meta, tables
+    return meta, tables, manifest
 
 
 def read_json_object(path: Path) -> dict[str, Any]:
@@ -190,6 +257,15 @@ def check_tables(d: Path, tables: RunTables) -> None:
         raise ReportError(f"{d}: the requests table holds negative or infinite stage times")
 
 
+def report_options_dict(goodput: Mapping[str, float] | None, percentiles: Sequence[float],
+                        percentile_metrics: Sequence[str], detailed: bool) -> dict[str, Any]:
+    """The options a summary was computed with, as stored in the run's manifest (``report``
+    keeps them when it rebuilds the summary)."""
+    return {"goodput": dict(goodput) if goodput else None,
+            "percentiles": [float(p) for p in percentiles],
+            "percentile_metrics": list(percentile_metrics), "detailed": bool(detailed)}
+
+
 def write_report_files(
     out_dir: str | Path,
     tables: RunTables,
@@ -217,6 +293,56 @@ def write_report_files(
         pngs = plot_run(tables, summary, d / "plots", token_budget(meta))
     write_report(d, summary, meta, pngs)
     return summary
+
+
+@dataclass(frozen=True, slots=True)
+class WrittenRun:
+    """What ``write_run_files`` put into a directory, for its manifest."""
+
+    summary: dict[str, Any]  # the summary.json object
+    rows: dict[str, int]  # table file -> row count
+    data: tuple[str, ...]  # the files a reader needs intact: config.json and the tables
+    report_options: dict[str, Any]  # report_options_dict of the summary
+
+
+def write_run_files(
+    out_dir: str | Path,
+    tables: RunTables,
+    meta: RunMeta | Mapping[str, Any],
+    *,
+    goodput: Mapping[str, float] | None = None,
+    percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+    percentile_metrics: Sequence[str] = DEFAULT_PERCENTILE_METRICS,
+    plots: bool = True,
+    file_format: FileFormat = "parquet",
+    detailed: bool = False,
+) -> WrittenRun:
+    """Every file of a run directory into ``out_dir`` (an ``OutputDir``'s staging directory;
+    ``commit_run`` then publishes it)."""
+    if file_format not in ("parquet", "csv"):
+        raise ReportError(f"unknown file format {file_format!r}: use parquet or csv")
+    d = Path(out_dir)
+    meta = meta_dict(meta)
+    meta.setdefault("date", datetime.now().strftime("%Y%m%d-%H%M%S"))
+    write_json(d / "config.json", meta)
+    rows = write_tables(d, tables, file_format)
+    summary = write_report_files(
+        d, tables, read_json(d / "config.json"), goodput=goodput, percentiles=percentiles,
+        percentile_metrics=percentile_metrics, plots=plots, detailed=detailed,
+    )
+    options = report_options_dict(goodput, percentiles, percentile_metrics, detailed)
+    return WrittenRun(summary, rows, ("config.json", *rows), options)
+
+
+def commit_run(out: OutputDir, written: WrittenRun) -> Path:
+    """Publish a run directory written into ``out.staging`` (manifest last, then rename)."""
+    return out.commit(rows=written.rows, data=written.data,
+                      info={"report_options": written.report_options})
+
+
+def open_run_dir(path: str | Path, what: str = "--out") -> OutputDir:
+    """A run directory about to be written: locked, its location checked, staging ready."""
+    return OutputDir(path, "run", what=what).open()
 
 
 def write_run_dir(
@@ -253,21 +379,35 @@ def write_run_dir_from_tables(
 ) -> dict[str, Any]:
     """``write_run_dir`` for tables already built (the caller may drop the event log first:
     a million-request log and its tables need not be in memory together)."""
-    if file_format not in ("parquet", "csv"):
-        raise ReportError(f"unknown file format {file_format!r}: use parquet or csv")
-    d = Path(out_dir)
-    d.mkdir(parents=True, exist_ok=True)
-    meta = meta_dict(meta)
-    meta.setdefault("date", datetime.now().strftime("%Y%m%d-%H%M%S"))
-    write_json(d / "config.json", meta)
-    for stale in TABLES:  # never leave a table of the other format behind
-        other = d / f"{stale}.{'csv' if file_format == 'parquet' else 'parquet'}"
-        other.unlink(missing_ok=True)
-    write_tables(d, tables, file_format)
-    return write_report_files(
-        d, tables, read_json(d / "config.json"), goodput=goodput, percentiles=percentiles,
-        percentile_metrics=percentile_metrics, plots=plots, detailed=detailed,
-    )
+    with open_run_dir(out_dir, "run directory") as out:
+        written = write_run_files(
+            out.staging, tables, meta, goodput=goodput, percentiles=percentiles,
+            percentile_metrics=percentile_metrics, plots=plots, file_format=file_format,
+            detailed=detailed,
+        )
+        commit_run(out, written)
+    return written.summary
+
+
+def _previous_options(d: Path, manifest: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The report options the run was last reported with: the manifest's, else those of a
+    readable summary.json, else none (vllm bench's defaults)."""
+    stored = manifest.get("info", {}).get("report_options")
+    if isinstance(stored, dict):
+        return stored
+    try:
+        previous = read_json_object(d / "summary.json").get("report_options")
+    except ReportError:
+        return {}
+    return previous if isinstance(previous, dict) else {}
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
 
 
 def rebuild_report(
@@ -279,26 +419,35 @@ def rebuild_report(
     plots: bool = True,
     detailed: bool | None = None,
 ) -> dict[str, Any]:
-    """Recompute summary.json, plots and report from the run directory's files.
+    """Recompute summary.json, plots and report from the run directory's data files.
 
-    Options left None keep the values the previous summary was written with (its
-    ``report_options``), else vllm bench's defaults.
+    Options left None keep the values the run was last reported with (stored in its
+    manifest), else vllm bench's defaults. The directory is replaced as a whole, like a
+    rerun: the old summary, report and plots are kept until the new ones are complete, and
+    none survives beside them (``plots=False`` leaves no plots).
     """
-    d = Path(run_dir)
-    meta, tables = load_run_dir(d)
-    previous: Mapping[str, Any] = {}
-    if (d / "summary.json").exists():
-        previous = read_json_object(d / "summary.json").get("report_options") or {}
-        if not isinstance(previous, dict):
-            raise ReportError(f"{d / 'summary.json'}: report_options must be an object")
-    return write_report_files(
-        d, tables, meta,
-        goodput=previous.get("goodput") if goodput is None else goodput,
-        percentiles=previous.get("percentiles", DEFAULT_PERCENTILES)
-        if percentiles is None else percentiles,
-        percentile_metrics=previous.get("percentile_metrics", DEFAULT_PERCENTILE_METRICS)
-        if percentile_metrics is None else percentile_metrics,
-        plots=plots,
-        detailed=bool(previous.get("detailed", False)) if detailed is None else detailed,
-    )
-
+    d = input_dir(run_dir, "run directory")
+    read_manifest(d, "run", "run directory")  # a run directory at all? (before locking it)
+    with OutputDir(d, "run", what="run directory").open() as out:
+        meta, tables, manifest = load_run_dir_verified(d)
+        previous = _previous_options(d, manifest)
+        data = ["config.json", *_table_files(d, manifest)]
+        for name in data:
+            _link_or_copy(d / name, out.staging / name)
+        options = report_options_dict(
+            previous.get("goodput") if goodput is None else goodput,
+            previous.get("percentiles", DEFAULT_PERCENTILES)
+            if percentiles is None else percentiles,
+            previous.get("percentile_metrics", DEFAULT_PERCENTILE_METRICS)
+            if percentile_metrics is None else percentile_metrics,
+            bool(previous.get("detailed", False)) if detailed is None else detailed,
+        )
+        summary = write_report_files(
+            out.staging, tables, meta, goodput=options["goodput"],
+            percentiles=options["percentiles"], percentile_metrics=options["percentile_metrics"],
+            plots=plots, detailed=options["detailed"],
+        )
+        rows = {name: manifest["files"][name]["rows"] for name in data[1:]
+                if "rows" in manifest["files"][name]}
+        out.commit(rows=rows, data=data, info={"report_options": options})
+    return summary

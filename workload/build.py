@@ -56,10 +56,10 @@ def build_workload(cfg: WorkloadConfig) -> Workload:
     send = w.send_time_s
     if len(send) and not (np.isfinite(send).all() and float(send.max()) <= MAX_SPAN_S):
         raise WorkloadError(
-            f"the arrival times overflow or span more than {MAX_SPAN_S:g} s (last send at "
-            f"{float(send[-1])} s): "
-            f"request_rate ({cfg.request_rate}) or trace_time_scale ({cfg.trace_time_scale}) "
-            "is too small"
+            f"the arrival times span {float(np.max(send)):.4g} s, more than the "
+            f"{MAX_SPAN_S:.4g} s (2^31 s, 68 years) over which the clock keeps microsecond "
+            f"precision: request_rate ({cfg.request_rate}) or trace_time_scale "
+            f"({cfg.trace_time_scale}) is too small, or the trace's times are not in seconds"
         )
     if cfg.priority_mix:
         rng = np.random.default_rng(cfg.seed + 7919)

@@ -29,7 +29,11 @@ DATASETS: tuple[str, ...] = ("random", "prefix_repetition", "trace", "sharegpt")
 #: Bounds beyond which a workload cannot be held (numpy int64 lengths; memory per request).
 MAX_PROMPTS = 100_000_000
 MAX_TOKENS = 2**40
-MAX_SPAN_S = 1e15  # longest arrival span a float64 clock still resolves to ~0.1 s
+#: Longest span of arrival times (first to last, seconds; ≈ 68 years). Times are seconds from
+#: the first arrival in float64, whose resolution at 2^31 s is 2^-22 s (0.24 µs): every
+#: latency up to this span keeps microsecond precision. (At 1e12 s a TTFT would already be
+#: off by 0.1 ms, and from ~5e13 s it would round to 0.)
+MAX_SPAN_S = float(2**31)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,20 +1,25 @@
 """Trace files: request streams recorded from real services, as columns.
 
 Three formats: a request-stream CSV ``arrived_at, num_prefill_tokens, num_decode_tokens``
-(Vidur's format, seconds), an Azure LLM 2023 CSV ``TIMESTAMP, ContextTokens, GeneratedTokens``,
-and a Mooncake JSONL (``timestamp`` ms, ``input_length``, ``output_length``, ``hash_ids``: one id
-per 512-token block, equal ids = shared prefix). A request-stream CSV or a Mooncake JSONL may
-also give each request a ``tenant`` and an ``slo_class`` (optional columns / keys; non-empty
-names, every row or none). Arrival times are seconds from the first request, sorted; every
-problem is reported as a ``WorkloadError`` naming the file, the row or column, and what is
-expected. ``TRACES`` names the traces shipped in ``workload/data/traces`` (sources and
-licences in ``workload/data/SOURCES.md``).
+(Vidur's format, seconds), an Azure LLM 2023 CSV ``TIMESTAMP, ContextTokens, GeneratedTokens``
+(ISO times with up to 7 fractional digits and a UTC offset, both kept), and a Mooncake JSONL
+(``timestamp`` ms, ``input_length``, ``output_length``, ``hash_ids``: one id per 512-token block,
+equal ids = shared prefix). A request-stream CSV or a Mooncake JSONL may also give each request
+a ``tenant`` and an ``slo_class`` (optional columns / keys; non-empty names, every row or none).
+Files are UTF-8 (a byte-order mark is dropped); the format follows the name (``.jsonl``, else
+CSV). Arrival times are seconds from the first request, sorted; every problem is reported as a
+``WorkloadError`` naming the file, the row or column, and what is expected. ``TRACES`` names the
+traces shipped in ``workload/data/traces`` (sources and licences in
+``workload/data/SOURCES.md``).
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import json
+import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -24,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from engine.core.config import is_int, is_number
+from engine.paths import PathError, check_name_lengths, input_file, read_text, shown
 from workload.errors import WorkloadError
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -55,16 +61,81 @@ class TraceRows:
 
 
 def resolve_trace_path(path: str) -> Path:
+    """A built-in trace's file, or ``path`` checked as a readable regular file (a FIFO, a
+    device, a symbolic-link loop … named as such, never opened)."""
     if path in TRACES:
         return TRACES[path]
-    p = Path(path)
-    if p.is_dir():
-        raise WorkloadError(f"trace {path!r} is a directory: give a trace file")
-    if not p.is_file():
+    try:
+        check_name_lengths(path, "trace file")  # else lexists says "not found"
+        if not os.path.lexists(path):
+            raise WorkloadError(
+                f"trace file {shown(path)!r} not found (give a path or one of "
+                f"{', '.join(TRACES)})"
+            )
+        return input_file(path, "trace file")
+    except PathError as exc:
+        raise WorkloadError(str(exc)) from None
+
+
+def _read(path: Path) -> str:
+    try:
+        return read_text(path, "trace file")
+    except PathError as exc:
+        raise WorkloadError(str(exc)) from None
+
+
+def _first_line(text: str) -> str:
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")
+
+
+def _check_format(path: Path, text: str) -> None:
+    """The format follows the file's suffix (``.jsonl``: Mooncake JSON Lines; anything else:
+    CSV); content of the other format is refused with the fix, not parsed as garbage."""
+    first = _first_line(text)
+    if path.suffix != ".jsonl" and first.startswith("{"):
         raise WorkloadError(
-            f"trace file {path!r} not found (give a path or one of {', '.join(TRACES)})"
+            f"{path} holds JSON Lines (a Mooncake trace?), but a trace is read as JSON Lines "
+            "only when its name ends in .jsonl (else as CSV): rename it to .jsonl"
         )
-    return p
+    if first.startswith("["):
+        raise WorkloadError(
+            f"{path} holds a JSON array: trace files are CSV, or JSON Lines named .jsonl (one "
+            "Mooncake object per line); convert it"
+        )
+
+
+#: An ISO date-time as Azure writes it: up to 7 fractional digits (100 ns), an optional UTC
+#: offset (``+01:00``, ``-0100``, ``Z``).
+_STAMP = re.compile(
+    r"(\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2})(?:[.,](\d+))?\s*(Z|[+-]\d{2}:?\d{2})?"
+)
+
+
+def parse_timestamps(texts: Sequence[str], path: Path) -> np.ndarray:
+    """Seconds from the first of ``texts`` (Azure ``TIMESTAMP`` values), every digit of the
+    fraction and the UTC offset kept: the whole seconds come from ``datetime`` (offsets
+    applied), the fraction is added apart, so 100-ns stamps subtract exactly."""
+    whole: list[datetime] = []
+    frac = np.zeros(len(texts))
+    for i, text in enumerate(texts):
+        m = _STAMP.fullmatch(text.strip())
+        if m is None:
+            raise WorkloadError(f"{path}: bad TIMESTAMP {text!r} (request {i}): expected "
+                                "YYYY-MM-DD HH:MM:SS[.fraction][±HH:MM|Z]")
+        base, digits, offset = m.groups()
+        stamp = base + ("" if offset is None else "+00:00" if offset == "Z" else offset)
+        try:
+            whole.append(datetime.fromisoformat(stamp))
+        except ValueError as exc:
+            raise WorkloadError(f"{path}: bad TIMESTAMP {text!r} (request {i}): {exc}") from None
+        if digits:
+            frac[i] = int(digits) / 10 ** len(digits)
+    if len({t.tzinfo is None for t in whole}) > 1:
+        raise WorkloadError(f"{path}: TIMESTAMP mixes times with and without a UTC offset")
+    t0 = whole[0]
+    seconds = np.array([(t - t0).total_seconds() for t in whole])
+    out: np.ndarray = seconds + (frac - frac[0])
+    return out
 
 
 def _require_columns(path: Path, header: Sequence[str], needed: Sequence[str], kind: str) -> None:
@@ -102,10 +173,12 @@ def _positive_ints(values: list[str] | list[int], path: Path, column: str) -> np
 def load_trace(path_or_name: str) -> TraceRows:
     """Read a request-stream CSV, an Azure 2023 CSV or a Mooncake JSONL file."""
     path = resolve_trace_path(path_or_name)
+    text = _read(path)
+    _check_format(path, text)
     if path.suffix == ".jsonl":
-        return _load_mooncake(path)
+        return _load_mooncake(path, text)
     try:
-        with open(path, newline="") as f:
+        with io.StringIO(text, newline="") as f:
             reader = csv.reader(f)
             header = [h.strip() for h in next(reader, [])]
             repeated = sorted({h for h in header if h and header.count(h) > 1})
@@ -126,22 +199,13 @@ def load_trace(path_or_name: str) -> TraceRows:
                         f"{len(header)} ({', '.join(header)})"
                     )
                 rows.append(r)
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+    except csv.Error as exc:
         raise WorkloadError(f"cannot read trace {path}: {exc}") from None
     if not rows:
         raise WorkloadError(f"{path}: the trace holds no requests")
     cols = {name: [r[i] for r in rows] for i, name in enumerate(header) if name}
     if is_azure:
-        try:
-            stamps = [datetime.fromisoformat(t.strip()[:26]) for t in cols["TIMESTAMP"]]
-        except ValueError as exc:
-            raise WorkloadError(f"{path}: bad TIMESTAMP ({exc})") from None
-        if len({t.tzinfo is None for t in stamps}) > 1:
-            raise WorkloadError(
-                f"{path}: TIMESTAMP mixes times with and without a UTC offset"
-            )
-        t0 = stamps[0]
-        arrival = np.array([(t - t0).total_seconds() for t in stamps])
+        arrival = parse_timestamps(cols["TIMESTAMP"], path)
         prompt = _positive_ints(cols["ContextTokens"], path, "ContextTokens")
         output = _positive_ints(cols["GeneratedTokens"], path, "GeneratedTokens")
         kind = "azure"
@@ -173,49 +237,43 @@ def _labels(path: Path, values: list[str] | None, column: str) -> list[str] | No
     return out
 
 
-def _load_mooncake(path: Path) -> TraceRows:
+def _load_mooncake(path: Path, text: str) -> TraceRows:
     stamps, prompt, output, hashes = [], [], [], []
     labels: dict[str, list[str]] = {name: [] for name in LABEL_COLUMNS}
-    try:
-        with open(path) as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                    stamp = row["timestamp"]
-                    if not is_number(stamp):
-                        raise ValueError(f"timestamp must be a number, got {stamp!r}")
-                    stamps.append(float(stamp) / 1000.0)
-                    raw = (row["input_length"], row["output_length"])
-                    if not all(_is_whole(v) for v in raw):
-                        raise ValueError(f"lengths must be whole numbers, got {raw}")
-                    ids = row.get("hash_ids", [])
-                    if not isinstance(ids, list) or not all(is_int(h) for h in ids):
-                        raise ValueError(f"hash_ids must be a list of integers, got {ids!r:.60}")
-                    lengths = (int(raw[0]), int(raw[1]))
-                    if max(abs(n) for n in lengths) >= 2**62:
-                        raise ValueError(f"length out of range: {lengths}")
-                    for name in LABEL_COLUMNS:
-                        if name in row:
-                            value = row[name]
-                            if not isinstance(value, str) or not value.strip():
-                                raise ValueError(
-                                    f"{name} must be a non-empty string, got {value!r}"
-                                )
-                            labels[name].append(value.strip())
-                    prompt.append(lengths[0])
-                    output.append(lengths[1])
-                    hashes.append(tuple(ids))
-                except (
-                    json.JSONDecodeError, KeyError, TypeError, ValueError, OverflowError
-                ) as exc:
-                    raise WorkloadError(
-                        f"{path}:{lineno}: Mooncake rows need timestamp (ms), input_length, "
-                        f"output_length and hash_ids ({type(exc).__name__}: {exc})"
-                    ) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise WorkloadError(f"cannot read trace {path}: {exc}") from None
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            stamp = row["timestamp"]
+            if not is_number(stamp):
+                raise ValueError(f"timestamp must be a number, got {stamp!r}")
+            stamps.append(stamp)
+            raw = (row["input_length"], row["output_length"])
+            if not all(_is_whole(v) for v in raw):
+                raise ValueError(f"lengths must be whole numbers, got {raw}")
+            ids = row.get("hash_ids", [])
+            if not isinstance(ids, list) or not all(is_int(h) for h in ids):
+                raise ValueError(f"hash_ids must be a list of integers, got {ids!r:.60}")
+            lengths = (int(raw[0]), int(raw[1]))
+            if max(abs(n) for n in lengths) >= 2**62:
+                raise ValueError(f"length out of range: {lengths}")
+            for name in LABEL_COLUMNS:
+                if name in row:
+                    value = row[name]
+                    if not isinstance(value, str) or not value.strip():
+                        raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+                    labels[name].append(value.strip())
+            prompt.append(lengths[0])
+            output.append(lengths[1])
+            hashes.append(tuple(ids))
+        except (
+            json.JSONDecodeError, KeyError, TypeError, ValueError, OverflowError
+        ) as exc:
+            raise WorkloadError(
+                f"{path}:{lineno}: Mooncake rows need timestamp (ms), input_length, "
+                f"output_length and hash_ids ({type(exc).__name__}: {exc})"
+            ) from None
     if not stamps:
         raise WorkloadError(f"{path}: the trace holds no requests")
     for name, values in labels.items():
@@ -224,7 +282,7 @@ def _load_mooncake(path: Path) -> TraceRows:
                 f"{path}: {len(values)} of {len(stamps)} rows give {name}: give it in every row "
                 "or in none"
             )
-    arrival = np.array(stamps) - stamps[0]
+    arrival = np.array([t - stamps[0] for t in stamps], dtype=np.float64) / 1000.0  # ms → s
     rows = TraceRows(
         arrival, np.array(prompt, dtype=np.int64), np.array(output, dtype=np.int64), hashes,
         "mooncake", labels["tenant"] or None, labels["slo_class"] or None,

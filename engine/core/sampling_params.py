@@ -7,6 +7,7 @@ coerces or rejects wrongly typed fields before ``__post_init__`` could explain t
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -43,9 +44,12 @@ class SamplingParams:
             raise ValueError(
                 f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}"
             )
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+        if not 0 <= self.temperature < math.inf:  # NaN fails too (it samples token 0)
+            raise ValueError(f"temperature must be a finite number >= 0, got "
+                             f"{self.temperature!r}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.top_k < -1:
             raise ValueError(f"top_k must be -1, 0 (disabled) or positive, got {self.top_k!r}")
+        if self.seed is not None and not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed must be an integer in [0, 2^63), got {self.seed!r}")

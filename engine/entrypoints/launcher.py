@@ -13,10 +13,10 @@ down.
 
 The launcher's own loop waits on the processes and on signals:
 
-* SIGINT or SIGTERM: stop the API servers first (each finishes its in-flight requests within
-  ``shutdown_timeout_s``, then writes its records), then the EngineCores (each writes its
-  records and stops its workers), then the DP coordinator, then close the socket; exit
-  status 0;
+* SIGINT, SIGTERM or SIGHUP (the terminal closed): stop the API servers first (each finishes
+  its in-flight requests within ``shutdown_timeout_s``, then writes its records), then the
+  EngineCores (each writes its records and stops its workers), then the DP coordinator, then
+  close the socket; exit status 0;
 * an EngineCore dies: every API server is told (``/health`` answers 503, requests in flight
   end with an error, new ones are refused); after ``engine_death_grace_s`` everything stops;
   exit status 1;
@@ -119,7 +119,8 @@ class Launcher:
 
     def run(self) -> int:
         """Serve until a signal or a failure; the exit status."""
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        previous = {s: signal.signal(s, self._on_signal)
+                    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         try:
             self._start()
             status = self._watch()

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from engine.paths import PathError, input_file
 from engine.worker.errors import CheckpointError
 
 SINGLE_FILE = "model.safetensors"
@@ -72,6 +73,10 @@ def iter_weights(
         ) from exc
     load_device = "cpu" if device.type == "cpu" else str(device)
     for file in weight_files(model_dir):
+        try:
+            input_file(file, "weights file")  # "permission denied", not safetensors' "no such"
+        except PathError as exc:
+            raise CheckpointError(str(exc)) from None
         try:
             handle = safe_open(str(file), framework="pt", device=load_device)
         except Exception as exc:  # safetensors raises its own error types (and OSError)

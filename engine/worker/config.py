@@ -56,7 +56,7 @@ class WorkerConfig:
                 "num_gpu_blocks must be an integer >= 2 (block 0 is the null block), got "
                 f"{self.num_gpu_blocks_override!r}"
             )
-        if not isinstance(self.seed, int):
-            raise ConfigError(f"seed must be an integer, got {self.seed!r}")
+        if not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
+            raise ConfigError(f"seed must be an integer in [0, 2^63), got {self.seed!r}")
         if not self.dummy_weight_std > 0:
             raise ConfigError(f"dummy_weight_std must be > 0, got {self.dummy_weight_std!r}")

@@ -29,6 +29,7 @@ import torch
 
 from engine.core.config import SchedulerConfig
 from engine.core.outputs import BatchShape, ModelRunnerOutput, SchedulerOutput
+from engine.resources import check_memory
 from engine.worker.config import WorkerConfig
 from engine.worker.distributed import SINGLE_RANK, ParallelContext
 from engine.worker.errors import KVCacheSizeError
@@ -129,6 +130,10 @@ class TorchExecutor:
             num_blocks = num_blocks_for_bytes(spec, kv_bytes)
             source = f"{format_bytes(kv_bytes)} of KV memory"
         check_num_blocks(spec, num_blocks, max_model_len, source)
+        if self.device.type == "cpu":  # host memory: refuse before torch tries to allocate it
+            check_memory(num_blocks * spec.bytes_per_block,
+                         f"a KV cache of {num_blocks:,} blocks ({source})",
+                         "give less --kv-cache-memory or fewer --num-gpu-blocks-override")
         return num_blocks
 
     def _profile_cuda_kv_bytes(self) -> int:

@@ -14,10 +14,13 @@ and ``llama3`` scaling.
 from __future__ import annotations
 
 import json
+import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.paths import PathError, input_dir, read_text
 from engine.worker.errors import CheckpointError, UnsupportedModelError
 
 CONFIG_FILE = "config.json"
@@ -53,8 +56,9 @@ class RopeConfig:
                 f"rope scaling type {self.rope_type!r} is not supported; supported: "
                 f"{', '.join(ROPE_TYPES)}"
             )
-        if not self.rope_theta > 0 or not self.factor > 0:
-            raise CheckpointError("rope_theta and the rope scaling factor must be > 0")
+        if not (0 < self.rope_theta < math.inf and 0 < self.factor < math.inf):
+            raise CheckpointError("rope_theta and the rope scaling factor must be finite "
+                                  f"numbers > 0, got {self.rope_theta!r} and {self.factor!r}")
         if self.rope_type == "llama3" and not self.high_freq_factor > self.low_freq_factor > 0:
             raise CheckpointError(
                 "llama3 rope scaling needs high_freq_factor > low_freq_factor > 0"
@@ -98,6 +102,9 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise CheckpointError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if not 0 < self.rms_norm_eps < 1:  # NaN fails too: every RMSNorm would output NaN
+            raise CheckpointError(f"rms_norm_eps must be a number in (0, 1), got "
+                                  f"{self.rms_norm_eps!r}")
         if self.dtype not in ("float32", "float16", "bfloat16"):
             raise CheckpointError(f"unsupported dtype {self.dtype!r}")
 
@@ -128,20 +135,17 @@ class ModelConfig:
 
 def load_model_config(model_dir: str | Path) -> ModelConfig:
     """Read ``model_dir/config.json``; raises CheckpointError / UnsupportedModelError."""
-    path = Path(model_dir)
-    if not path.exists():
-        raise CheckpointError(f"model directory {str(path)!r} does not exist (local paths only)")
-    if not path.is_dir():
-        raise CheckpointError(f"model path {str(path)!r} is not a directory")
-    file = path / CONFIG_FILE
     try:
-        raw = json.loads(file.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(
-            f"{file} is missing: not a Hugging Face checkpoint directory"
-        ) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"cannot read {file}: {exc}") from None
+        path = input_dir(model_dir, "model directory")
+    except PathError as exc:
+        raise CheckpointError(f"{exc} (local checkpoint paths only)") from None
+    file = path / CONFIG_FILE
+    if not os.path.lexists(file):
+        raise CheckpointError(f"{file} is missing: not a Hugging Face checkpoint directory")
+    try:
+        raw = json.loads(read_text(file, "checkpoint config"))
+    except PathError as exc:
+        raise CheckpointError(str(exc)) from None
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{file} is not valid JSON: {exc.msg} at line {exc.lineno}") from None
     if not isinstance(raw, dict):

@@ -15,6 +15,7 @@ RMSNorm weights are ``1 + N(0, 0.1)`` so a mishandled norm weight shows too.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
@@ -22,9 +23,13 @@ from typing import Literal
 import torch
 
 from engine.core.config import ConfigError
+from engine.output_dir import OutputDir
+from engine.resources import check_memory
 from engine.worker.tiny_tokenizer import build_tokenizer_files
 
 Arch = Literal["llama", "qwen2"]
+#: The most parameters a tiny model may have (4 GB of float32 weights).
+MAX_PARAMS = 1_000_000_000
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 
 
@@ -57,10 +62,32 @@ class TinyModelSpec:
                      "num_shards"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.head_dim is not None and self.head_dim < 1:
+            raise ConfigError(f"head_dim must be >= 1, got {self.head_dim!r}")
+        if not 0 <= self.seed < 2**63:
+            raise ConfigError(f"seed must be in [0, 2^63), got {self.seed!r}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ConfigError("num_attention_heads must be a multiple of num_key_value_heads")
         if self.dtype not in ("float32", "float16", "bfloat16"):
             raise ConfigError(f"dtype must be float32, float16 or bfloat16, got {self.dtype!r}")
+        tensors = 3 + 12 * min(self.num_hidden_layers, MAX_PARAMS)
+        if self.num_shards > tensors:
+            raise ConfigError(f"num_shards must be at most the number of tensors (about "
+                              f"{tensors}), got {self.num_shards}")
+        if self.num_params() > MAX_PARAMS:
+            raise ConfigError(
+                f"a tiny model has at most {MAX_PARAMS:,} parameters; these sizes give "
+                f"{self.num_params():,}"
+            )
+
+    def num_params(self) -> int:
+        """Parameters of the checkpoint (weights and biases)."""
+        h, i, d = self.hidden_size, self.intermediate_size, self.resolved_head_dim
+        q, kv = self.num_attention_heads * d, self.num_key_value_heads * d
+        bias = q + 2 * kv if self.arch == "qwen2" else 0
+        layer = h * (q + 2 * kv) + bias + q * h + 3 * h * i + 2 * h
+        embed = self.vocab_size * h * (1 if self.tied else 2)
+        return self.num_hidden_layers * layer + embed + h
 
     @property
     def resolved_head_dim(self) -> int:
@@ -161,9 +188,19 @@ def _save_weights(out: Path, tensors: dict[str, torch.Tensor], num_shards: int) 
 
 
 def make_tiny_model(out_dir: str | Path, spec: TinyModelSpec) -> Path:
-    """Write the checkpoint + tokenizer into ``out_dir`` (created if needed); returns it."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    """Write the checkpoint + tokenizer into ``out_dir``, whole or not at all (a rerun
+    replaces it; a second writer of the same directory is refused); returns it. The weights
+    must fit in this machine's memory, twice (drawn in float32, then stored)."""
+    check_memory(2 * 4 * spec.num_params(), f"a tiny model of {spec.num_params():,} parameters",
+                 "choose smaller sizes")
+    with OutputDir(out_dir, "checkpoint", what="model directory").open() as target:
+        _write_checkpoint(target.staging, spec)
+        data = [p.name for p in sorted(target.staging.glob("*.safetensors"))]
+        target.commit(data=["config.json", "tokenizer.json", *data])
+    return Path(out_dir)
+
+
+def _write_checkpoint(out: Path, spec: TinyModelSpec) -> None:
     info = build_tokenizer_files(out, spec.arch, spec.vocab_size)
     config = _hf_config(spec, info.bos_token_id, info.eos_token_id)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -174,4 +211,12 @@ def make_tiny_model(out_dir: str | Path, spec: TinyModelSpec) -> Path:
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
     _save_weights(out, random_weights(spec), spec.num_shards)
     (out / "twinserve_tiny_spec.json").write_text(json.dumps(asdict(spec), indent=2) + "\n")
-    return out
+    readable = 0o666 & ~_umask()  # safetensors writes 0600: the checkpoint is for everyone
+    for path in out.glob("*.safetensors"):
+        path.chmod(readable)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -7,19 +7,32 @@ share are defined once, in ``experiments.cli.flags``; the tail every run ends in
 printed summary) is ``experiments.cli.reporting``. ``python -m experiments.cli`` is
 ``twinserve``.
 
-Bad input (a malformed file, an invalid knob) ends with one ``twinserve: error: …`` line on
-stderr and exit status 2, never a traceback.
+One exit policy for every command (``main``; streams and signals: ``experiments.cli.console``):
+
+* bad input (a malformed file, an invalid knob, a path that cannot be used) ends with one
+  ``twinserve: error: …`` line on stderr and exit status 2, never a traceback; so does an
+  environment that refuses a write (a full disk, a read-only file system, no permission);
+* SIGINT, SIGTERM and SIGHUP stop the command and everything it started, remove what it had
+  half-written, and exit with 128 + the signal's number;
+* output that could not be printed (a broken pipe, a full device) makes the exit status
+  non-zero (141 for a broken pipe), after the command's files are complete;
+* anything else is a bug and shows its traceback.
+
+This module imports nothing heavy before ``main`` has installed the signal handlers, so an
+early Ctrl-C is an orderly stop, not a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
-from engine.core.errors import UserError
+from experiments.cli.console import Interrupted, Session
 
 #: Modules that contribute subcommands, in ``--help`` order.
 COMMAND_MODULES: tuple[str, ...] = (
@@ -37,9 +50,25 @@ COMMAND_MODULES: tuple[str, ...] = (
     "experiments.cli.cmd_compile",
 )
 
+#: OSError numbers that describe the machine, not a bug: reported in one line.
+ENVIRONMENT_ERRNOS = frozenset({
+    errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENAMETOOLONG,
+    errno.EMFILE, errno.ENFILE, errno.EIO, errno.ELOOP, errno.ENOTDIR, errno.EISDIR,
+})
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with the house error format: one ``twinserve: error:`` line (naming the
+    command and pointing at its ``--help``) instead of a usage block and a second line."""
+
+    def error(self, message: str) -> NoReturn:
+        command = self.prog.partition(" ")[2]
+        where = f"{command}: " if command else ""
+        self.exit(2, f"twinserve: error: {where}{message} (see {self.prog} --help)\n")
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="twinserve",
         description="LLM serving engine modelled on vLLM V1: one scheduler core, simulated "
         "or real.",
@@ -82,6 +111,39 @@ def _importable_cwd() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; its exit status (see the module docstring for the policy)."""
+    session = Session.start()
+    try:
+        status = _run(argv)
+    except Interrupted as exc:
+        status = _interrupted(exc)
+    except KeyboardInterrupt:  # raised by code that caught ours and raised its own
+        status = _interrupted(Interrupted(2))
+    except SystemExit as exc:  # argparse: --help, usage errors
+        status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    else:
+        if session.interrupted is not None:  # swallowed where it was raised (see console)
+            status = _interrupted(session.interrupted)
+    status = session.finish(status)
+    if argv is not None:  # called in-process (tests): leave the caller's streams alone
+        session.restore()
+    elif session.interrupted is not None:
+        # everything the command started has been stopped and its half-written output
+        # removed (the finally blocks ran); exit now rather than let the interpreter join
+        # threads still waiting on work that was cancelled (plan's probe threads)
+        os._exit(status)
+    return status
+
+
+def _interrupted(exc: Interrupted) -> int:
+    name = "" if exc.signum == 2 else f" ({exc})"
+    print(f"twinserve: interrupted{name}", file=sys.stderr)
+    return exc.exit_status
+
+
+def _run(argv: Sequence[str] | None) -> int:
+    from engine.core.errors import UserError
+
     _one_blas_thread(sys.argv[1:] if argv is None else argv)
     _importable_cwd()
     parser = build_parser()
@@ -92,9 +154,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as exc:
         print(f"twinserve: error: {exc}", file=sys.stderr)
         return 2
-    except BrokenPipeError:
-        return 0
-    except KeyboardInterrupt:
-        print("twinserve: interrupted", file=sys.stderr)
-        return 130
+    except MemoryError:
+        print("twinserve: error: out of memory: the run needs more memory than this machine "
+              "gives it; make it smaller", file=sys.stderr)
+        return 1
+    except Exception as exc:
+        message = _environment_error(exc)
+        if message is None:
+            raise
+        print(f"twinserve: error: {message}", file=sys.stderr)
+        return 2
 
+
+def _environment_error(exc: Exception) -> str | None:
+    """One line for an exception the machine caused (a full disk, no permission …), or
+    None for a bug."""
+    from engine.output_dir import is_disk_full
+    from engine.paths import describe_os_error
+
+    if is_disk_full(exc):
+        where = getattr(exc, "filename", None)
+        return ("no space left on the device" + (f" (writing {where})" if where else "")
+                + ": nothing half-written was kept; free some space and run it again")
+    if isinstance(exc, OSError) and exc.errno in ENVIRONMENT_ERRNOS:
+        return describe_os_error(exc, exc.filename or "?", "file")
+    return None

@@ -108,7 +108,8 @@ def _percentile_metrics(args: argparse.Namespace) -> list[str]:
 
 
 def _bench_serve(args: argparse.Namespace) -> int:
-    from experiments.cli.reporting import prepare_out_dir, report_options
+    from engine.paths import output_location
+    from experiments.cli.reporting import report_options
     from experiments.loadgen.bench import (
         BenchOptions,
         describe_traffic,
@@ -126,7 +127,8 @@ def _bench_serve(args: argparse.Namespace) -> int:
                                    else None)
     args.tokenizer = tokenizer
     workload_cfg = _workload_config(args)
-    out_dir = prepare_out_dir(Path(args.out) if args.out else default_out_dir("bench"))
+    out_dir = Path(args.out) if args.out else default_out_dir("bench")
+    output_location(out_dir)  # a --out that cannot be a directory is refused before the run
     bench = BenchOptions(
         base_url=_base_url(args), endpoint=args.endpoint, backend=args.backend,
         model=args.served_model_name or args.model, tokenizer=tokenizer, label=args.label,

@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -36,6 +37,7 @@ from engine.compiled import (
     stale_modules,
 )
 from engine.core.errors import UserError
+from engine.process_guard import die_with_parent
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -148,16 +150,35 @@ def compile_modules(
     digests = {_module_name(m): source_digest(str(root / m)) for m in modules}
     jobs = jobs or os.cpu_count() or 1
     start = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-c", _SETUP, ",".join(modules), str(jobs), BUILD_DIR],
-        cwd=root, capture_output=True, text=True,
-    )
-    if proc.returncode != 0:
+    try:
+        returncode, output = _build(root, modules, jobs)
+    except BaseException:  # interrupted: stop the whole build, leave nothing half-built
         clean(root)
-        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+        raise
+    if returncode != 0:
+        clean(root)
+        tail = "\n".join(output.strip().splitlines()[-15:])
         raise UserError(f"mypyc build failed (nothing was installed):\n{tail}")
     Path(manifest_path(str(root))).write_text(json.dumps(digests, indent=1, sort_keys=True) + "\n")
     return time.perf_counter() - start
+
+
+def _build(root: Path, modules: Sequence[str], jobs: int) -> tuple[int, str]:
+    """Run the mypyc build in a process group of its own (the compiler processes it starts
+    belong to it), so that an interruption stops every one of them; (exit status, output)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SETUP, ",".join(modules), str(jobs), BUILD_DIR],
+        cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True, preexec_fn=die_with_parent,
+    )
+    try:
+        output, _ = proc.communicate()
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+    return proc.returncode, output
 
 
 def status(

@@ -80,6 +80,38 @@ def parse_prices(items: list[str] | None) -> dict[str, float]:
     return prices
 
 
+def _check_base(base: dict[str, Any]) -> Any:
+    """Validate the base config once, before any candidate: a conflict in it (a dataset and a
+    flag of another, a missing trace) is the user's input, not a property of a layout."""
+    from experiments.simconfig import config_dict_from_args
+    from sim.config import SimConfig
+    from workload.traces import resolve_trace_path
+
+    plain = json.loads(json.dumps(base))
+    cfg = SimConfig.from_dict(config_dict_from_args(argparse.Namespace(), plain))
+    if cfg.workload.dataset_name == "trace" and cfg.workload.dataset_path:
+        resolve_trace_path(cfg.workload.dataset_path)
+    return cfg
+
+
+#: The most candidate layouts one plan searches (each costs up to seeds × max_probes runs).
+MAX_CANDIDATES = 1_000
+
+
+def _check_size(spec: Any) -> int:
+    """Refuse a plan too large to finish; the number of candidates."""
+    dps = 1 if spec.target_rate is not None else len(spec.dp_sizes)
+    n = len(spec.gpus) * len(spec.tp_sizes) * dps * math.prod(len(v) for _, v in spec.knobs)
+    if n > MAX_CANDIDATES:
+        sims = n * len(spec.seeds) * spec.search.max_probes
+        raise UserError(
+            f"the plan has {n:,} candidate layouts (GPUs × TP × DP × knob values; up to "
+            f"{sims:,} simulations), more than the {MAX_CANDIDATES:,} one plan searches: give "
+            "fewer --gpus/--tp/--dp/--knob values"
+        )
+    return n
+
+
 def build_spec(args: argparse.Namespace) -> Any:
     from experiments.plan.capacity import SearchSettings
     from experiments.plan.planner import PlanSpec
@@ -92,6 +124,7 @@ def build_spec(args: argparse.Namespace) -> Any:
     base = load_experiment_file(args.config) if args.config else {}
     base = config_dict_from_args(args, base)
     base.get("workload", {}).pop("trace_rate_given", None)
+    _check_base(base)
     try:
         slos = parse_goodput(args.slo)
     except ValueError as exc:
@@ -171,42 +204,49 @@ def _plan(args: argparse.Namespace) -> int:
     if not 1 <= args.seeds <= 1000:
         raise UserError(f"--seeds must be in [1, 1000], got {args.seeds}")
     spec = build_spec(args)
-    from experiments.cli.reporting import prepare_out_dir
+    num_candidates = _check_size(spec)
+    spec.candidates()  # the layouts' own checks (e.g. --expert-parallel), before any output
+    from experiments.cli.reporting import open_out_dir
+    from experiments.resources import check_simulation_memory
+    from experiments.sweep.backends import running, worker_count
 
-    out = prepare_out_dir(Path(args.out) if args.out else Path("runs") / "plan")
-    candidates = spec.candidates()
-    print(f"plan: {len(candidates)} candidate(s) × {len(spec.seeds)} seed(s)", file=sys.stderr)
+    workers = worker_count(args.backend, args.jobs)
+    check_simulation_memory(_check_base(dict(spec.base)),
+                            parallel=min(workers, num_candidates * len(spec.seeds)))
+    with open_out_dir(Path(args.out) if args.out else Path("runs") / "plan", "plan",
+                      keep=("cache",)) as out:
+        print(f"plan: {num_candidates} candidate(s) × {len(spec.seeds)} seed(s), at most "
+              f"{spec.search.max_probes} probe(s) each", file=sys.stderr)
 
-    def done(o: Any) -> None:
-        if o.capacity is None:
-            status = "pruned" if o.pruned else "invalid"
-            print(f"  {o.candidate.label}: {status} ({o.error})", file=sys.stderr)
-            return
-        extra = f", {o.replicas} replica(s) for the target" if o.replicas else ""
-        print(f"  {o.candidate.label}: {o.capacity.status}, max {o.capacity.max_rate:.3g} "
-              f"req/s ({len(o.capacity.probes)} probes){extra}", file=sys.stderr)
+        def done(o: Any) -> None:
+            if o.capacity is None:
+                status = "pruned" if o.pruned else "invalid"
+                print(f"  {o.candidate.label}: {status} ({o.error})", file=sys.stderr)
+                return
+            extra = f", {o.replicas} replica(s) for the target" if o.replicas else ""
+            print(f"  {o.candidate.label}: {o.capacity.status}, max "
+                  f"{o.capacity.max_rate:.3g} req/s ({len(o.capacity.probes)} probes){extra}",
+                  file=sys.stderr)
 
-    shape = workload_shape(spec)
-    backend = make_backend(args.backend, args.jobs, args.ray_address)
-    try:
-        outcomes, ev = run_plan(spec, backend, ResultCache(out / "cache"), on_done=done,
-                                shape=shape)
-        from experiments.plan.deploy import recommend
+        shape = workload_shape(spec)
+        with running(make_backend(args.backend, args.jobs, args.ray_address)) as backend:
+            outcomes, ev = run_plan(spec, backend, ResultCache(out.live("cache")), on_done=done,
+                                    shape=shape)
+            from experiments.plan.deploy import recommend
 
-        deployment = recommend(spec, ev, outcomes)
-    finally:
-        backend.close()
-    df = plan_rows(spec, ev, outcomes)
-    workload = json.dumps(spec.base.get("workload", {}))
-    write_plan(spec, df, probe_rows(ev), out, workload)
-    from experiments.plan.report import write_front
+            deployment = recommend(spec, ev, outcomes)
+        df = plan_rows(spec, ev, outcomes)
+        workload = json.dumps(spec.base.get("workload", {}))
+        write_plan(spec, df, probe_rows(ev), out.staging, workload)
+        from experiments.plan.report import write_front
 
-    recommendation = write_front(spec, ev, deployment, out)
+        recommendation = write_front(spec, ev, deployment, out.staging)
+        out.commit(data=["plan.csv", "probes.csv"])
     if all(o.capacity is None for o in outcomes):
         raise UserError(
             f"no candidate layout can run ({outcomes[0].candidate.label}: {outcomes[0].error}"
             + (f"; and {len(outcomes) - 1} more" if len(outcomes) > 1 else "")
-            + f"); see {out / 'plan.md'}"
+            + f"); see {out.requested / 'plan.md'}"
         )
     print(markdown_table(shown(df).head(args.top)))
     for r in df.head(args.top).itertuples():
@@ -214,8 +254,8 @@ def _plan(args: argparse.Namespace) -> int:
             print(f"warning: {r.candidate}: {r.note}", file=sys.stderr)
     if recommendation:
         print(recommendation)
-    print(f"{ev.num_sims} simulation(s) run; plan: {out / 'plan.md'} (+ plan.csv, probes.csv, "
-          "front.csv, front.png)", file=sys.stderr)
+    print(f"{ev.num_sims} simulation(s) run; plan: {out.requested / 'plan.md'} (+ plan.csv, "
+          "probes.csv, front.csv, front.png)", file=sys.stderr)
     return 0
 
 

@@ -9,30 +9,55 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
 from engine.core.config import ConfigError
-from experiments.cli.flags import add_engine_flags, engine_args_from_flags
+from engine.core.errors import UserError
+from experiments.cli.flags import (
+    add_engine_flags,
+    bounded_int,
+    engine_args_from_flags,
+    fraction,
+    nonneg_float,
+    nonneg_int,
+    positive_int,
+    seed,
+)
 
 
 def _token_ids(text: str) -> list[int]:
+    items = text.replace(" ", "").split(",")
     try:
-        ids = [int(t) for t in text.replace(" ", "").split(",") if t != ""]
+        ids = [int(t) for t in items]
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers like 1,2,3, got {text!r}"
+            f"expected comma-separated token ids like 1,2,3 (integers >= 0), got {text!r}"
         ) from None
-    if not ids:
-        raise argparse.ArgumentTypeError("--prompt-token-ids needs at least one id")
+    if any(t < 0 for t in ids):
+        raise argparse.ArgumentTypeError(f"token ids must be >= 0, got {text!r}")
     return ids
+
+
+def _text_prompts(prompts: list[str]) -> list[str]:
+    """``--prompt`` texts, which must be valid UTF-8 (the command line carries bytes)."""
+    for i, text in enumerate(prompts):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            bad = os.fsencode(text)[exc.start:exc.start + 1]
+            raise ConfigError(f"--prompt #{i + 1} is not valid UTF-8 text (byte "
+                              f"0x{bad.hex()} at offset {exc.start})") from None
+    return prompts
 
 
 def _generate(args: argparse.Namespace) -> int:
     from engine.core.request import SamplingParams
     from engine.llm import LLM
 
-    prompts: list[Any] = list(args.prompt or []) + list(args.prompt_token_ids or [])
+    prompts: list[Any] = _text_prompts(list(args.prompt or [])) + list(args.prompt_token_ids
+                                                                      or [])
     if not prompts:
         raise ConfigError("give at least one --prompt TEXT or --prompt-token-ids 1,2,3")
     try:
@@ -77,6 +102,8 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
     )
     try:
         out = make_tiny_model(args.dir, spec)
+    except UserError:
+        raise
     except ValueError as exc:  # e.g. a vocabulary the built-in corpus cannot fill
         raise ConfigError(str(exc)) from None
     print(out)
@@ -97,12 +124,12 @@ def register(sub: Any) -> None:
                      help="a prompt as comma-separated token ids")
     src.add_argument("--chat", action="store_true", help="apply the chat template to --prompt")
     s = p.add_argument_group("sampling")
-    s.add_argument("--max-tokens", type=int, default=16)
-    s.add_argument("--min-tokens", type=int, default=0)
-    s.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    s.add_argument("--top-k", type=int, default=0)
-    s.add_argument("--top-p", type=float, default=1.0)
-    s.add_argument("--seed", type=int, help="per-request sampling seed")
+    s.add_argument("--max-tokens", type=positive_int, default=16)
+    s.add_argument("--min-tokens", type=nonneg_int, default=0)
+    s.add_argument("--temperature", type=nonneg_float, default=0.0, help="0 = greedy (default)")
+    s.add_argument("--top-k", type=bounded_int(-1), default=0, help="0 or -1: disabled")
+    s.add_argument("--top-p", type=fraction, default=1.0, help="in (0, 1]")
+    s.add_argument("--seed", type=seed, help="per-request sampling seed")
     s.add_argument("--stop", action="append", help="a stop string (repeatable)")
     s.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--json", action="store_true",
@@ -119,20 +146,21 @@ def register(sub: Any) -> None:
     t.add_argument("dir", help="output directory")
     t.add_argument("--arch", choices=["llama", "qwen2"], default="llama",
                    help="qwen2: QKV bias and tied embeddings")
-    t.add_argument("--vocab-size", type=int, default=384)
-    t.add_argument("--hidden-size", type=int, default=64)
-    t.add_argument("--intermediate-size", type=int, default=128)
-    t.add_argument("--num-layers", type=int, default=2)
-    t.add_argument("--num-heads", type=int, default=4)
-    t.add_argument("--num-kv-heads", type=int, default=2)
-    t.add_argument("--head-dim", type=int)
-    t.add_argument("--max-position-embeddings", type=int, default=1024)
+    t.add_argument("--vocab-size", type=positive_int, default=384)
+    t.add_argument("--hidden-size", type=positive_int, default=64)
+    t.add_argument("--intermediate-size", type=positive_int, default=128)
+    t.add_argument("--num-layers", type=positive_int, default=2)
+    t.add_argument("--num-heads", type=positive_int, default=4)
+    t.add_argument("--num-kv-heads", type=positive_int, default=2)
+    t.add_argument("--head-dim", type=positive_int)
+    t.add_argument("--max-position-embeddings", type=positive_int, default=1024)
     tie = t.add_mutually_exclusive_group()
     tie.add_argument("--tie-word-embeddings", dest="tie_word_embeddings", action="store_true",
                      default=None)
     tie.add_argument("--untie-word-embeddings", dest="tie_word_embeddings",
                      action="store_false")
     t.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")
-    t.add_argument("--num-shards", type=int, default=1, help="> 1 writes an index + shards")
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--num-shards", type=positive_int, default=1,
+                   help="> 1 writes an index + shards")
+    t.add_argument("--seed", type=seed, default=0)
     t.set_defaults(func=_make_tiny_model)

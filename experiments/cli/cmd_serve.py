@@ -23,8 +23,15 @@ from experiments.cli.cmd_topology import add_layout_flags
 from experiments.cli.flags import (
     add_policy_flags,
     add_run_dir_flags,
+    bounded_int,
     byte_size,
+    cpu_threads,
+    fraction,
+    nonneg_float,
+    nonneg_int,
     policy_options_from_flags,
+    positive_int,
+    seed,
 )
 
 #: The text whose tokens an emulated device cycles through as its outputs.
@@ -203,8 +210,6 @@ def _token_cycle(tokenizer_dir: str, vocab_size: int) -> tuple[int, ...]:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from engine.entrypoints.launcher import Launcher, ServeConfig
-
     _check_mode_flags(args)
     dp = 1 if args.data_parallel_size is None else args.data_parallel_size
     api_servers = dp if args.api_server_count is None else args.api_server_count
@@ -218,11 +223,23 @@ def _serve(args: argparse.Namespace) -> int:
                         "--data-parallel-size > 1 it is not supported yet")
     api_key = args.api_key or os.environ.get("TWINSERVE_API_KEY") or None
     options = None
+    record = None
     if args.record_dir is not None:
-        from experiments.cli.reporting import prepare_out_dir, report_options
+        from experiments.cli.reporting import open_out_dir, report_options
 
         options = report_options(args)
-        prepare_out_dir(Path(args.record_dir))
+        record = open_out_dir(Path(args.record_dir))  # the records go to its staging area
+    try:
+        return _serve_recorded(args, api_key, record, options, dp, api_servers)
+    finally:
+        if record is not None and not record.committed:
+            record.abort()
+
+
+def _serve_recorded(args: argparse.Namespace, api_key: str | None, record: Any,
+                    options: Any, dp: int, api_servers: int) -> int:
+    from engine.entrypoints.launcher import Launcher, ServeConfig
+
     with tempfile.TemporaryDirectory(prefix="twinserve-serve-") as work:
         if args.emulate:
             from sim.emulation import EmulatedEngineFactory
@@ -263,7 +280,8 @@ def _serve(args: argparse.Namespace) -> int:
             served_model_name=args.served_model_name or args.model, model_root=args.model,
             tokenizer_dir=tokenizer_dir, host=args.host, port=args.port,
             api_server_count=api_servers, api_key=api_key,
-            record_dir=args.record_dir, shutdown_timeout_s=args.shutdown_timeout,
+            record_dir=None if record is None else str(record.staging),
+            shutdown_timeout_s=args.shutdown_timeout,
             engine_death_grace_s=args.engine_death_grace,
             log_level=args.uvicorn_log_level, data_parallel_size=dp,
             router=args.router or "vllm",
@@ -278,20 +296,19 @@ def _serve(args: argparse.Namespace) -> int:
 
         launcher = Launcher(cfg, factory, on_ready=ready)
         status = launcher.run()
-    if args.record_dir is not None and status == 0:
-        _write_run_dir(args, cfg, engine_meta, engine_config, options)
+    if record is not None and status == 0:
+        _write_run_dir(args, cfg, engine_meta, engine_config, options, record)
     return status
 
 
 def _write_run_dir(args: argparse.Namespace, cfg: Any, engine_meta: dict[str, Any],
-                   engine_config: Any, options: Any) -> None:
+                   engine_config: Any, options: Any, record: Any) -> None:
     from experiments.cli.reporting import FinishedRun, write_run
     from experiments.run_meta import served_run_meta
     from experiments.serve.run_dir import joined_log, read_records, served_tables
     from reports.tables import ExportedLog
 
-    out = Path(args.record_dir)
-    records = read_records(out / "records", cfg.api_server_count)
+    records = read_records(record.staging / "records", cfg.api_server_count)
     joined = joined_log(records)
     if not joined["req_ids"]:
         print("twinserve: no request was served: no run directory written", file=sys.stderr)
@@ -312,12 +329,15 @@ def _write_run_dir(args: argparse.Namespace, cfg: Any, engine_meta: dict[str, An
         duration_s=max(joined["events"]["time_s"], default=0.0),
     )
     served = served_tables(records, joined)
-    write_run(FinishedRun(meta, ExportedLog(joined)), out, args, options)
-    for name, table in zip(("served_requests", "served_steps"), served, strict=True):
-        if args.format == "parquet":
-            table.to_parquet(out / f"{name}.parquet", index=False)
-        else:
-            table.to_csv(out / f"{name}.csv", index=False)
+
+    def served_files(out: Path) -> None:
+        for name, table in zip(("served_requests", "served_steps"), served, strict=True):
+            if args.format == "parquet":
+                table.to_parquet(out / f"{name}.parquet", index=False)
+            else:
+                table.to_csv(out / f"{name}.csv", index=False)
+
+    write_run(FinishedRun(meta, ExportedLog(joined)), record, args, options, extra=served_files)
 
 
 def register(sub: Any) -> None:
@@ -335,14 +355,15 @@ def register(sub: Any) -> None:
     g.add_argument("--tokenizer", help="directory with tokenizer.json (default: the model's; "
                    "with --emulate a built-in 512-token vocabulary)")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
-    g.add_argument("--port", type=int, default=8000, help="port (8000; 0 = any free port)")
+    g.add_argument("--port", type=bounded_int(0, 65535), default=8000,
+                   help="port (8000; 0 = any free port)")
     g.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1/* "
                    "(default: $TWINSERVE_API_KEY)")
     g.add_argument("--record-dir", help="at shutdown, write a run directory here "
                    "(twinserve report reads it)")
-    g.add_argument("--shutdown-timeout", type=float, default=5.0,
+    g.add_argument("--shutdown-timeout", type=nonneg_float, default=5.0,
                    help="seconds in-flight requests get at shutdown (5)")
-    g.add_argument("--engine-death-grace", type=float, default=2.0,
+    g.add_argument("--engine-death-grace", type=nonneg_float, default=2.0,
                    help="if the EngineCore dies, seconds the API servers keep answering "
                    "(/health 503, errors) before the server exits with status 1 (2)")
     g.add_argument("--uvicorn-log-level", default="warning",
@@ -354,18 +375,19 @@ def register(sub: Any) -> None:
     g.add_argument("--router-load-cap", type=int,
                    help="prefix_aware: extra in-flight requests tolerated for a better hit (8)")
     g = p.add_argument_group("engine (vLLM's names; default: vLLM's)")
-    g.add_argument("--max-model-len", type=int)
-    g.add_argument("--max-num-batched-tokens", type=int)
-    g.add_argument("--max-num-seqs", type=int)
-    g.add_argument("--block-size", type=int)
-    g.add_argument("--num-gpu-blocks-override", type=int, help="KV blocks incl. the null block")
-    g.add_argument("--gpu-memory-utilization", type=float)
+    g.add_argument("--max-model-len", type=positive_int)
+    g.add_argument("--max-num-batched-tokens", type=positive_int)
+    g.add_argument("--max-num-seqs", type=positive_int)
+    g.add_argument("--block-size", type=positive_int)
+    g.add_argument("--num-gpu-blocks-override", type=bounded_int(2, 2**31 - 1),
+                   help="KV blocks incl. the null block")
+    g.add_argument("--gpu-memory-utilization", type=fraction)
     g.add_argument("--enable-prefix-caching", action=bool_flag, default=None)
     g.add_argument("--enable-chunked-prefill", action=bool_flag, default=None)
     g.add_argument("--async-scheduling", action=bool_flag, default=None)
-    g.add_argument("--long-prefill-token-threshold", type=int)
+    g.add_argument("--long-prefill-token-threshold", type=nonneg_int)
     add_policy_flags(g)
-    g.add_argument("--seed", type=int, help="engine-wide sampling seed")
+    g.add_argument("--seed", type=seed, help="engine-wide sampling seed")
     g = p.add_argument_group("real model")
     g.add_argument("--dtype", help="auto (config.json), float32, float16, bfloat16")
     g.add_argument("--device", help="auto, cpu, cuda, cuda:N")
@@ -373,7 +395,7 @@ def register(sub: Any) -> None:
                    help="KV cache bytes, e.g. 64MiB (CPU default 1GiB; CUDA: profiled)")
     g.add_argument("--load-format", choices=["safetensors", "dummy"])
     g.add_argument("--attention-backend", choices=["triton", "reference"])
-    g.add_argument("--cpu-threads", type=int,
+    g.add_argument("--cpu-threads", type=cpu_threads,
                    help="torch CPU threads of the EngineCore (default 1: steadier steps beside "
                    "the API servers on small machines; 0 = torch's default)")
     g.add_argument("--engine-cpus", type=_cpu_list,

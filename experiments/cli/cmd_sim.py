@@ -95,28 +95,40 @@ def _simulate(args: argparse.Namespace) -> int:
         return _explain_step(cfg, args.explain_step)
     from experiments.cli.reporting import (
         FinishedRun,
-        prepare_out_dir,
+        open_out_dir,
         report_options,
         start_report_process,
         write_run,
     )
+    from experiments.resources import check_simulation_memory
 
     options = report_options(args)  # parsed now: a bad flag fails before the run
-    out_dir = prepare_out_dir(Path(args.out) if args.out else default_out_dir())
+    check_simulation_memory(cfg)
     progress = args.progress if args.progress is not None else sys.stderr.isatty()
-    reporter = start_report_process()  # imports the report stack while the simulation runs
-    try:
-        result = run_simulation(cfg, progress=progress)
-    except BaseException:
-        if reporter is not None:
-            reporter.close()
-        raise
-    from experiments.run_meta import simulated_run_meta
+    with open_out_dir(Path(args.out) if args.out else default_out_dir()) as out:
+        reporter = start_report_process()  # imports the report stack while the run goes on
+        try:
+            result = run_simulation(cfg, progress=progress)
+        except BaseException:
+            if reporter is not None:
+                reporter.close()
+            raise
+        from experiments.run_meta import simulated_run_meta
 
-    run = FinishedRun(simulated_run_meta(result), result.event_log)
-    del result  # the log is all the report needs: free the rest before rendering it
-    write_run(run, out_dir, args, options, reporter)
+        _note_short_trace(cfg, len(result.workload))
+        run = FinishedRun(simulated_run_meta(result), result.event_log)
+        del result  # the log is all the report needs: free the rest before rendering it
+        write_run(run, out, args, options, reporter)
     return 0
+
+
+def _note_short_trace(cfg: Any, num_requests: int) -> None:
+    """Say so when a trace replayed at its own times had fewer requests than
+    ``num_prompts`` asked for (every one of them ran; the summary counts what ran)."""
+    if num_requests < cfg.workload.num_prompts and cfg.workload.dataset_name == "trace":
+        print(f"twinserve: note: the trace has only {num_requests:,} requests: all "
+              f"{num_requests:,} ran (--num-prompts asked for {cfg.workload.num_prompts:,})",
+              file=sys.stderr)
 
 
 def register(sub: Any) -> None:

@@ -16,29 +16,32 @@ from typing import Any
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from experiments.sweep.backends import make_backend
+    from experiments.sweep.backends import make_backend, running, worker_count
     from experiments.sweep.expfile import expand_points, load_experiment, with_base_overrides
-    from experiments.sweep.report import aggregate, markdown_table, run_experiment
+    from experiments.sweep.report import (
+        aggregate,
+        markdown_table,
+        open_sweep_dir,
+        run_experiment,
+    )
     from experiments.sweep.runner import ProgressLine
 
     spec = with_base_overrides(load_experiment(args.file), args.set or [])
-    points = expand_points(spec)  # validate everything before starting any worker
     if args.dry_run:
+        points = expand_points(spec)  # validate everything; nothing runs
         print(f"{spec.name}: {len(points)} point(s) valid "
               f"({len(spec.variants)} variant(s) × {len(points) // len(spec.variants)})")
         return 0
-    from experiments.cli.reporting import prepare_out_dir
-
-    out = prepare_out_dir(Path(args.out) if args.out else Path("runs") / f"sweep-{spec.name}")
-    backend = make_backend(args.backend, args.jobs, args.ray_address)
-    try:
-        progress = ProgressLine() if args.progress else None
-        outcome = run_experiment(
-            spec, out, backend, resume=args.resume, save_runs=args.save_runs,
-            plots=not args.no_plots, progress=progress,
-        )
-    finally:
-        backend.close()
+    out = open_sweep_dir(Path(args.out) if args.out else Path("runs") / f"sweep-{spec.name}")
+    with out:
+        points = expand_points(spec)  # validate everything before starting any worker
+        _check_memory(points, worker_count(args.backend, args.jobs))
+        with running(make_backend(args.backend, args.jobs, args.ray_address)) as backend:
+            progress = ProgressLine() if args.progress else None
+            outcome = run_experiment(
+                spec, out, backend, resume=args.resume, save_runs=args.save_runs,
+                plots=not args.no_plots, progress=progress, points=points,
+            )
     s = outcome.stats
     print(markdown_table(aggregate(outcome.table, outcome.x)))
     speed = (f", {s.sims_per_minute:.1f} simulations/min on {s.workers} worker(s)"
@@ -49,8 +52,21 @@ def _sweep(args: argparse.Namespace) -> int:
         errors = outcome.table.loc[outcome.table["error"].notna(), ["point", "series", "error"]]
         for row in errors.itertuples(index=False):
             print(f"  point {row.point} ({row.series}): {row.error}", file=sys.stderr)
-    print(f"Results: {out / 'results.parquet'} (+ .csv, summary.md, plots/)", file=sys.stderr)
+    print(f"Results: {out.requested / 'results.parquet'} (+ .csv, summary.md, plots/)",
+          file=sys.stderr)
     return 1 if s.num_failed else 0
+
+
+def _check_memory(points: list[Any], workers: int) -> None:
+    """Refuse a sweep whose largest points, run ``workers`` at a time, need more memory than
+    this machine has."""
+    from experiments.resources import check_simulation_memory
+    from sim.config import SimConfig
+
+    if points:
+        largest = max(points, key=lambda p: p.config["workload"]["num_prompts"])
+        check_simulation_memory(SimConfig.from_dict(dict(largest.config)),
+                                parallel=min(workers, len(points)))
 
 
 def register(sub: Any) -> None:

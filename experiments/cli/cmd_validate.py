@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import stat
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,6 +22,7 @@ import numpy as np
 
 from engine.core.config import ConfigError
 from engine.core.errors import UserError
+from experiments.cli.flags import set_cpu_threads
 from experiments.validation.report import error_table, write_validation
 
 DEFAULT_WORKLOAD = {"dataset_name": "random", "num_prompts": 200, "random_input_len": 128,
@@ -36,26 +39,49 @@ def _engine_args(args: argparse.Namespace) -> Any:
     return engine_args_from_flags(args)
 
 
-def _threads(args: argparse.Namespace) -> None:
-    if args.cpu_threads:
-        import torch
-
-        torch.set_num_threads(args.cpu_threads)
-
-
 def _log(text: str) -> None:
     print(text, file=sys.stderr)
+
+
+#: Free space a profile needs where it is written (its CSV, metadata and fit: ~100 kB).
+PROFILE_BYTES = 1 << 20
+
+
+def _profile_output(path: str) -> None:
+    """Check where ``profile --out`` writes before profiling: a file name (not a directory, a
+    device or a FIFO) in a directory that can be created and written, with room for it."""
+    from engine.paths import PathError, check_free_space, output_location, shown
+
+    p = Path(path)
+    if os.path.lexists(p) and not p.is_file():
+        raise PathError(f"--out {shown(p)} exists and is not a regular file (the profile CSV "
+                        "goes there)")
+    parent = output_location(p.parent if str(p.parent) else Path("."), "--out's directory")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        from engine.paths import describe_os_error
+
+        raise PathError(describe_os_error(exc, parent, "--out's directory")) from None
+    check_free_space(parent, PROFILE_BYTES, "the profile")
 
 
 def _profile(args: argparse.Namespace) -> int:
     from experiments.validation.profiling import ProfileFiles, fit_profile, profile_engine
 
     if args.refit:
+        from engine.paths import check_name_lengths, input_file
+
+        check_name_lengths(args.out, "--out")
+        if os.path.lexists(args.out):
+            input_file(args.out, "--out")  # the profile CSV itself: a FIFO, a directory …
         model = fit_profile(args.out, holdout_fraction=args.holdout, seed=args.seed,
                             statistic=args.statistic)
     else:
-        _threads(args)
-        model = profile_engine(_engine_args(args), args.out, grid=args.grid,
+        _profile_output(args.out)
+        engine_args = _engine_args(args)
+        set_cpu_threads(args.cpu_threads)
+        model = profile_engine(engine_args, args.out, grid=args.grid,
                                holdout_fraction=args.holdout, seed=args.seed,
                                statistic=args.statistic, log=_log)
     print(json.dumps({"fitted": str(ProfileFiles.of(args.out).fitted), "fit": model.fit_report,
@@ -66,62 +92,94 @@ def _profile(args: argparse.Namespace) -> int:
 
 
 def _workload_config(args: argparse.Namespace, rate: float | None) -> Any:
-    from experiments.simconfig import workload_dict_from_args
+    """The workload the flags describe, on top of validate's own default (``DEFAULT_WORKLOAD``,
+    a random dataset) unless the flags choose another dataset (a trace, prefix_repetition)."""
+    from experiments.simconfig import config_dict_from_args
     from workload.config import WorkloadConfig
 
-    values = workload_dict_from_args(args)
+    other = (args.dataset_path is not None or args.dataset_name not in (None, "random")
+             or any(getattr(args, d) is not None for d in vars(args)
+                    if d.startswith("prefix_repetition_")))
+    base = {} if other else {"workload": dict(DEFAULT_WORKLOAD)}
+    values = config_dict_from_args(args, base, sections=("workload",))["workload"]
     if rate is not None:
         values["request_rate"] = rate
     return WorkloadConfig(**values)
 
 
+PROFILE_FILES = ("profile.csv", "profile.meta.json", "profile.fitted.json")
+
+
+def _given_profile(path: str) -> None:
+    """``--profile``: missing is fine (it is profiled into, by design); anything else must be a
+    profile CSV — refused now, not after minutes of measuring."""
+    from engine.paths import input_file, read_text
+
+    if os.path.lexists(path) or Path(path).suffix != ".csv":
+        input_file(path, "--profile")
+        head = read_text(path, "--profile").partition("\n")[0]
+        if "kind" not in head.split(","):
+            raise ConfigError(f"--profile {path} is not a profile CSV (its header has no "
+                              "'kind' column); give one written by twinserve profile")
+
+
 def _validate(args: argparse.Namespace) -> int:
-    from experiments.cli.reporting import prepare_out_dir
+    from experiments.cli.reporting import open_out_dir
 
-    out = prepare_out_dir(Path(args.out))
     if args.reuse_measured:
-        return _validate_reused(args, out)
-    if args.in_process:
-        return _validate_in_process(args, out)
-    return _validate_served(args, out)
+        src = _reused_source(args.reuse_measured)
+        with open_out_dir(Path(args.out), "validation") as out:
+            status = _validate_reused(args, src, out.staging)
+            out.commit()
+        return status
+    if args.profile:
+        _given_profile(args.profile)
+    engine_args = _engine_args(args)  # every flag checked before any measuring
+    workload_cfg = _workload_config(args, None)
+    with open_out_dir(Path(args.out), "validation", keep=PROFILE_FILES) as out:
+        if args.in_process:
+            set_cpu_threads(args.cpu_threads)
+            status = _validate_in_process(args, out, engine_args, workload_cfg)
+        else:
+            status = _validate_served(args, out.staging, engine_args, workload_cfg)
+        out.commit()
+    return status
 
 
-def _validate_served(args: argparse.Namespace, out: Path) -> int:
+def _validate_served(args: argparse.Namespace, out: Path, engine_args: Any,
+                     workload_cfg: Any) -> int:
     """The online path: ``twinserve serve`` measured by ``bench serve`` (the default)."""
     from experiments.validation.online import OnlinePlan
     from experiments.validation.online_report import load_table
     from experiments.validation.served import validate_served
 
-    engine_args = _engine_args(args)
     loads = ((None,) if args.load_fraction is None and not args.loads
              and args.request_rate is not None
-             else tuple(float(x) for x in args.loads.split(",")) if args.loads
+             else tuple(args.loads) if args.loads
              else (args.load_fraction,) if args.load_fraction is not None else LOADS)
     plan = OnlinePlan(loads=loads, repeats=args.repeats, grid=args.grid,
                       calibration_levels=tuple(int(c) for c in args.calibration.split(",")),
                       calibration_prompts_per_level=args.calibration_prompts, pin=args.pin,
                       cpu_threads=args.cpu_threads)
-    workload_cfg = _workload_config(args, None)
     result = validate_served(engine_args, workload_cfg, out, plan,
                              profile=Path(args.profile) if args.profile else None,
                              plots=not args.no_plots, log=_log)
     print("\n".join(load_table(result["loads"])))
-    print(f"\nvalidation report: {out / 'validation.md'}", file=sys.stderr)
+    print(f"\nvalidation report: {Path(args.out) / 'validation.md'}", file=sys.stderr)
     return 0
 
 
-def _validate_in_process(args: argparse.Namespace, out: Path) -> int:
+def _validate_in_process(args: argparse.Namespace, out_dir: Any, engine_args: Any,
+                         workload_cfg: Any) -> int:
     """The in-process loop of ``run-real`` (no API server, no IPC): ``--in-process``."""
     from experiments.run_meta import engine_config_dict
     from experiments.validation import profiling, runs
     from sim.cost.fitted import FittedCostModel
     from workload.build import build_workload
 
-    _threads(args)
-    engine_args = _engine_args(args)
-    profile = Path(args.profile) if args.profile else out / "profile.csv"
+    out = out_dir.staging
+    profile = Path(args.profile) if args.profile else out_dir.live("profile.csv")
     files = profiling.ProfileFiles.of(profile)
-    workload_cfg = _workload_config(args, None)
     if not files.csv.exists():
         w = build_workload(workload_cfg)
         calib = profiling.CalibrationSpec(input_len=round(float(np.mean(w.prompt_lens))),
@@ -141,7 +199,7 @@ def _validate_in_process(args: argparse.Namespace, out: Path) -> int:
     _log(f"capacity: measured {capacity:.1f} req/s, the fitted model's estimate "
          f"{model_capacity:.1f} req/s" if args.capacity == "measured" else
          f"capacity: the fitted model's estimate {capacity:.1f} req/s")
-    loads = [float(x) for x in args.loads.split(",")] if args.loads else [args.load_fraction]
+    loads = args.loads or [args.load_fraction]
     results: dict[str, dict[str, Any]] = {}
     for frac in loads:
         rate = None if frac is None else frac * capacity
@@ -183,28 +241,44 @@ def _compare_one(measured: Sequence[Any], fitted: Path, target: Path,
                             corrected_dir=corrected)
 
 
-def _validate_reused(args: argparse.Namespace, out: Path) -> int:
+def _reused_source(path: str) -> Path:
+    """``--reuse-measured``: a bundle file or a directory, checked before anything is run."""
+    from engine.paths import input_dir, input_file, stat_path
+
+    st = stat_path(path, "--reuse-measured")
+    return input_dir(path, "--reuse-measured") if stat.S_ISDIR(st.st_mode) else input_file(
+        path, "--reuse-measured")
+
+
+def _validate_reused(args: argparse.Namespace, src: Path, out: Path) -> int:
     """Measured runs from elsewhere: bundle JSON files (``bench/gpu_validate.py``) or run
     directories."""
     from experiments.validation import profiling, runs
+    from reports.run_dir import load_run_dir
 
-    src = Path(args.reuse_measured)
     bundles = sorted(src.glob("measured_*.json")) if src.is_dir() else [src]
     if src.is_dir() and (src / "config.json").exists():
         bundles = [src]
+    if not bundles:
+        raise ConfigError(f"{src} holds no measured_*.json bundle and is no run directory")
+    for b in bundles:  # every input read before any simulation
+        if b.is_dir():
+            load_run_dir(b)
+        else:
+            runs.read_bundle(b)
+    if args.profile:
+        _given_profile(args.profile)
     profile = Path(args.profile) if args.profile else (src if src.is_dir() else src.parent) / (
         "profile.csv")
     files = profiling.ProfileFiles.of(profile)
     if not files.fitted.exists():
         profiling.fit_profile(files.csv)
-    if not bundles:
-        raise ConfigError(f"{src} holds no measured_*.json bundle and is no run directory")
     results = {}
     for b in bundles:
         target = out if len(bundles) == 1 else out / b.stem
         if b.is_dir():
             target.mkdir(parents=True, exist_ok=True)
-            meta = json.loads((b / "config.json").read_text())
+            meta = load_run_dir(b)[0]
             runs.simulate_like(meta, files.fitted, target / "simulated",
                                plots=not args.no_plots, mode=args.frontend_mapping)
             results[b.name] = write_validation(b, target / "simulated", files.fitted, target,
@@ -242,7 +316,15 @@ def _summary(results: dict[str, dict[str, Any]], out: Path, capacity: float | No
 
 
 def register(sub: Any) -> None:
-    from experiments.cli.flags import add_engine_flags, add_workload_flags
+    from experiments.cli.flags import (
+        add_cpu_threads_flag,
+        add_engine_flags,
+        add_workload_flags,
+        holdout_fraction,
+        load_fraction,
+        load_fractions,
+        seed,
+    )
 
     p = sub.add_parser("profile", help="profile the real engine's step times and CPU stages; "
                        "fit a cost model (profile.csv → profile.fitted.json)",
@@ -251,13 +333,13 @@ def register(sub: Any) -> None:
     p.add_argument("--out", required=True, help="profile CSV path (X.meta.json and "
                    "X.fitted.json are written next to it)")
     p.add_argument("--grid", choices=["full", "quick", "gpu"], default="full")
-    p.add_argument("--holdout", type=float, default=0.2, help="fraction of rows held out")
+    p.add_argument("--holdout", type=holdout_fraction, default=0.2,
+                   help="fraction of rows held out, in [0, 1)")
     p.add_argument("--statistic", choices=["mean", "median"], default="mean",
                    help="each row's target in the fit (default mean: latencies add up)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--refit", action="store_true", help="only refit an existing profile CSV")
-    p.add_argument("--cpu-threads", type=int, default=1,
-                   help="torch CPU threads (default 1; 0: torch's own default)")
+    add_cpu_threads_flag(p)
     p.set_defaults(func=_profile)
     _optional_model(p)
 
@@ -267,15 +349,15 @@ def register(sub: Any) -> None:
                        description=__doc__)
     add_engine_flags(p)
     add_workload_flags(p)
-    p.set_defaults(**DEFAULT_WORKLOAD)
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--profile", help="reuse this profile CSV (default: OUT/profile.csv, "
                    "profiled if missing)")
     p.add_argument("--grid", choices=["full", "quick", "gpu"], default="full")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--load-fraction", type=float,
+    g.add_argument("--load-fraction", type=load_fraction,
                    help="request rate = this × the engine's estimated capacity")
-    g.add_argument("--loads", help="several load fractions, e.g. 0.15,0.5,0.85")
+    g.add_argument("--loads", type=load_fractions,
+                   help="several load fractions, e.g. 0.15,0.5,0.85")
     p.add_argument("--capacity", choices=["measured", "model"], default="measured",
                    help="what load fractions refer to: a quick saturation run of the real "
                    "engine (default) or the fitted model's estimate")
@@ -299,8 +381,7 @@ def register(sub: Any) -> None:
                    "probe steps' time around the run / during the profile) and report both")
     p.add_argument("--frontend-mapping", choices=["in_process", "stages"], default="in_process")
     p.add_argument("--no-plots", action="store_true")
-    p.add_argument("--cpu-threads", type=int, default=1,
-                   help="torch CPU threads (default 1; 0: torch's own default)")
+    add_cpu_threads_flag(p)
     p.set_defaults(func=_validate)
     _optional_model(p)
 

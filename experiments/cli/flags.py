@@ -6,9 +6,16 @@
   ``experiments.simconfig.FLAG_FIELDS``, which maps it to its config field.
 * ``add_engine_flags`` / ``engine_args_from_flags`` — the real engine's flags and the
   ``engine.llm.EngineArgs`` they give (``generate``, ``run-real``, ``profile``, ``validate``;
-  ``generate`` and ``run-real`` also take the TP/PP layout).
+  ``generate`` and ``run-real`` also take the TP/PP layout). They carry vLLM's names, as
+  ``simulate`` and ``serve`` do (``--num-gpu-blocks-override``,
+  ``--enable-prefix-caching/--no-enable-prefix-caching`` …); the older spellings
+  (``--num-gpu-blocks``, ``--no-prefix-caching``, ``--no-chunked-prefill``) still work.
 * ``add_report_flags`` / ``default_out_dir`` — where a run is written and what its summary
   reports (``simulate``, ``run-real``).
+* the value types every command's flags use (``positive_int``, ``seed``, ``finite_float`` …):
+  one rule per kind of value, checked when the command line is parsed, so every command refuses
+  what ``simulate`` refuses — NaN, infinities, negative seeds, zero sizes — before any work,
+  in one line.
 
 Every flag defaults to None (not given) unless stated, so a flag overrides a config file only
 when the user gives it.
@@ -19,6 +26,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as dt
+import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -205,8 +214,92 @@ def mix_entry(text: str) -> tuple[str, float]:
         ) from None
 
 
+# -- value types ----------------------------------------------------------------------------------
+#: The largest integer a count, size or seed flag takes (numpy and torch hold them in int64).
+MAX_INT = 2**63 - 1
+#: The largest byte size a flag takes (1 PiB: beyond any machine; a typo, not a request).
+MAX_BYTES = 1 << 50
+
+
+def _integer(text: str) -> int:
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def bounded_int(low: int, high: int = MAX_INT) -> Callable[[str], int]:
+    """An argparse type: an integer in [low, high]."""
+
+    def parse(text: str) -> int:
+        value = _integer(text)
+        if not low <= value <= high:
+            upper = "" if high == MAX_INT else f" and <= {high:,}"
+            raise argparse.ArgumentTypeError(f"must be >= {low}{upper}, got {text}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+positive_int = bounded_int(1)
+nonneg_int = bounded_int(0)
+seed = bounded_int(0)  # simulate's rule for seeds: a non-negative integer (numpy/torch: int64)
+
+
+def finite_float(low: float = -math.inf, high: float = math.inf, *, low_open: bool = False,
+                 high_open: bool = False) -> Callable[[str], float]:
+    """An argparse type: a finite number in the given range (NaN and infinities refused)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        ok = math.isfinite(value) and (value > low if low_open else value >= low) and (
+            value < high if high_open else value <= high)
+        if not ok:
+            lo = "" if low == -math.inf else f"{'(' if low_open else '['}{low:g}, "
+            hi = "" if high == math.inf else f"{high:g}{')' if high_open else ']'}"
+            where = f" in {lo or '(-inf, '}{hi or 'inf)'}"
+            raise argparse.ArgumentTypeError(f"must be a finite number{where}, got {text}")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
+positive_float = finite_float(0.0, low_open=True)
+nonneg_float = finite_float(0.0)
+fraction = finite_float(0.0, 1.0, low_open=True)  # (0, 1]
+holdout_fraction = finite_float(0.0, 1.0, high_open=True)  # [0, 1)
+load_fraction = positive_float  # of the engine's capacity (> 1: an overload)
+
+
+def load_fractions(text: str) -> list[float]:
+    """``0.15,0.5,0.85`` → load fractions (each finite and > 0)."""
+    items = [t.strip() for t in text.split(",")]
+    if not text.strip() or any(not t for t in items):
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated load fractions such as 0.15,0.5,0.85, got {text!r}")
+    return [load_fraction(t) for t in items]
+
+
+def cpu_threads(text: str) -> int:
+    """torch CPU threads: 0 (torch's default) up to 4 per CPU of this machine."""
+    from engine.resources import cpu_count, max_threads
+
+    value = _integer(text)
+    if not 0 <= value <= max_threads():
+        raise argparse.ArgumentTypeError(
+            f"must be in [0, {max_threads()}] (0: torch's default; at most 4 per CPU, and this "
+            f"machine has {cpu_count()}), got {text}")
+    return value
+
+
 def byte_size(text: str) -> int:
-    """A byte count as a flag gives it: ``1073741824``, ``512MiB``, ``4GiB``, ``1.5GB`` → bytes."""
+    """A byte count as a flag gives it: ``1073741824``, ``512MiB``, ``4GiB``, ``1.5GB`` → bytes
+    (finite, positive, at most ``MAX_BYTES``)."""
     units = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 10**3, "mb": 10**6,
              "gb": 10**9, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "b": 1, "": 1}
     raw = text.strip().lower()
@@ -217,38 +310,70 @@ def byte_size(text: str) -> int:
         raise argparse.ArgumentTypeError(
             f"expected a size in bytes such as 268435456, 256MiB or 4GiB, got {text!r}"
         ) from None
+    if not 1 <= value <= MAX_BYTES:  # NaN and infinities fail too
+        raise argparse.ArgumentTypeError(
+            f"must be a size between 1 byte and 1 PiB, such as 256MiB or 4GiB, got {text!r}")
     return int(value)
 
 
+def add_cpu_threads_flag(p: argparse.ArgumentParser, default: int | None = 1) -> None:
+    """``--cpu-threads`` of the real engine's commands."""
+    p.add_argument("--cpu-threads", type=cpu_threads, default=default,
+                   help="torch CPU threads (default 1: steadier step times on small machines; "
+                   "0 = torch's default; at most 4 per CPU)")
+
+
+def set_cpu_threads(threads: int | None) -> None:
+    """Apply ``--cpu-threads`` (0 or None: leave torch's default)."""
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
 def add_engine_flags(p: argparse.ArgumentParser, parallel: bool = False) -> None:
-    """The real engine's flags (the fields of ``engine.llm.EngineArgs``; ``--model`` required);
-    with ``parallel``, also its layout: TP and PP over one worker process per rank."""
+    """The real engine's flags (the fields of ``engine.llm.EngineArgs``; ``--model`` required),
+    with vLLM's names and the older spellings beside them; with ``parallel``, also its layout:
+    TP and PP over one worker process per rank."""
+    bool_flag = argparse.BooleanOptionalAction
     if parallel:
         g = p.add_argument_group("parallel layout (one worker process per rank)")
-        g.add_argument("--tensor-parallel-size", "-tp", type=int,
+        g.add_argument("--tensor-parallel-size", "-tp", type=positive_int,
                        help="ranks per pipeline stage (1)")
-        g.add_argument("--pipeline-parallel-size", "-pp", type=int, help="pipeline stages (1)")
+        g.add_argument("--pipeline-parallel-size", "-pp", type=positive_int,
+                       help="pipeline stages (1)")
         g.add_argument("--distributed-executor-backend", choices=["uni", "mp"],
                        help="uni: the model in this process (one rank only); mp: one worker "
                        "process per rank (default: mp when TP × PP > 1)")
-    g = p.add_argument_group("engine")
+    g = p.add_argument_group("engine (vLLM's names)")
     g.add_argument("--model", required=True, help="local checkpoint directory (HF format)")
     g.add_argument("--dtype", default="auto", help="auto (config.json), float32, float16, bfloat16")
     g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    g.add_argument("--max-model-len", type=int, help="default: max_position_embeddings")
-    g.add_argument("--max-num-batched-tokens", type=int, help="token budget per step (2048)")
-    g.add_argument("--max-num-seqs", type=int, help="most running requests (128)")
-    g.add_argument("--block-size", type=int, default=16, help="tokens per KV block (16)")
-    g.add_argument("--num-gpu-blocks", type=int, help="exact KV block count (overrides sizing)")
+    g.add_argument("--max-model-len", type=positive_int, help="default: max_position_embeddings")
+    g.add_argument("--max-num-batched-tokens", type=positive_int,
+                   help="token budget per step (2048)")
+    g.add_argument("--max-num-seqs", type=positive_int, help="most running requests (128)")
+    g.add_argument("--block-size", type=positive_int, default=16,
+                   help="tokens per KV block (16)")
+    g.add_argument("--num-gpu-blocks-override", "--num-gpu-blocks", dest="num_gpu_blocks",
+                   type=bounded_int(2, 2**31 - 1),
+                   help="exact KV block count incl. the null block (overrides sizing)")
     g.add_argument("--kv-cache-memory", type=byte_size,
                    help="KV cache bytes (CPU default 1GiB; CUDA default: profiled)")
-    g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    g.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
-    g.add_argument("--no-chunked-prefill", action="store_true", help="disable chunked prefill")
-    g.add_argument("--async-scheduling", action="store_true", help="two batches in flight")
+    g.add_argument("--gpu-memory-utilization", type=fraction, default=0.9)
+    g.add_argument("--enable-prefix-caching", action=bool_flag, default=None,
+                   help="prefix caching (default on)")
+    g.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
+                   help=argparse.SUPPRESS)
+    g.add_argument("--enable-chunked-prefill", action=bool_flag, default=None,
+                   help="chunked prefill (default on)")
+    g.add_argument("--no-chunked-prefill", dest="enable_chunked_prefill", action="store_false",
+                   help=argparse.SUPPRESS)
+    g.add_argument("--async-scheduling", action=bool_flag, default=None,
+                   help="two batches in flight (default off)")
     g.add_argument("--attention-backend", choices=["triton", "reference"])
     g.add_argument("--load-format", choices=["safetensors", "dummy"], default="safetensors")
-    g.add_argument("--engine-seed", type=int, default=0, help="seed of unseeded sampling")
+    g.add_argument("--engine-seed", type=seed, default=0, help="seed of unseeded sampling")
     add_policy_flags(g)
 
 
@@ -256,14 +381,17 @@ def engine_args_from_flags(args: argparse.Namespace) -> EngineArgs:
     """The real engine ``add_engine_flags``' flags describe (torch is imported only now)."""
     from engine.llm import REAL_ENGINE_KNOBS, EngineArgs
 
+    def given(value: bool | None, default: bool) -> bool:
+        return default if value is None else value
+
     knobs = dataclasses.replace(
         REAL_ENGINE_KNOBS,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_num_seqs=args.max_num_seqs,
-        enable_chunked_prefill=not args.no_chunked_prefill,
-        async_scheduling=args.async_scheduling,
+        enable_chunked_prefill=given(args.enable_chunked_prefill, True),
+        async_scheduling=given(args.async_scheduling, False),
         block_size=args.block_size,
-        enable_prefix_caching=not args.no_prefix_caching,
+        enable_prefix_caching=given(args.enable_prefix_caching, True),
         policy=args.scheduling_policy or REAL_ENGINE_KNOBS.policy,
         policy_options=policy_options_from_flags(args.policy_option) or {},
     )

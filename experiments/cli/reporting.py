@@ -1,9 +1,11 @@
 """The common tail of every run (simulated or real): write the run directory and print results.
 
-``simulate`` and ``run-real`` both end in ``write_run``: through the forked report process when
-the command started one before its run (``start_report_process``; ``simulate`` does, so the
-report stack imports while it simulates), else in-process; either way the same files and the
-same printed summary. The vllm-bench-style result flags (``--goodput KEY:MS …``,
+``simulate``, ``run-real`` and ``serve --record-dir`` open their run directory before the run
+(``open_out_dir``: the location is checked and locked at once, so a bad or busy ``--out`` costs
+nothing) and end in ``write_run``: the files go into the directory's staging area, through the
+forked report process when the command started one (``start_report_process``; ``simulate``
+does, so the report stack imports while it simulates), else in-process; then the directory is
+committed whole. The vllm-bench-style result flags (``--goodput KEY:MS …``,
 ``--metric-percentiles``, ``--percentile-metrics``) are parsed by ``report_options`` before the
 run, so a bad one costs nothing.
 """
@@ -11,8 +13,8 @@ run, so a bad one costs nothing.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,6 +23,7 @@ from engine.core.errors import UserError
 
 if TYPE_CHECKING:
     from engine.core.events import EventLog
+    from engine.output_dir import OutputDir
     from reports.meta import RunMeta
     from reports.options import SummaryOptions
     from reports.report_process import ReportProcess
@@ -40,21 +43,15 @@ def report_options(args: argparse.Namespace) -> SummaryOptions:
         raise UserError(str(exc)) from None
 
 
-def prepare_out_dir(path: Path) -> Path:
-    """Create the output directory before any work starts, so that an ``--out`` that cannot be
-    one (an existing file, a path under a file, an unwritable place) is refused at once
-    instead of after a long run."""
-    try:
-        if path.exists() and not path.is_dir():
-            raise UserError(f"--out {path} exists and is not a directory")
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:  # e.g. a path under a file, no permission, a name too long
-        raise UserError(
-            f"cannot create the output directory {path}: {exc.strerror or exc}"
-        ) from None
-    if not os.access(path, os.W_OK):
-        raise UserError(f"the output directory {path} is not writable")
-    return path
+def open_out_dir(path: Path, kind: str = "run", keep: Sequence[str] = ()) -> OutputDir:
+    """Open the output directory before any work starts: an ``--out`` that cannot be one (an
+    existing file, a path under a file, an unwritable place, a name too long), one another
+    command is writing, or a non-empty directory that is not a ``kind`` output is refused at
+    once instead of after a long run (``engine.output_dir.OutputDir``). The caller writes into
+    ``.staging`` and commits, or leaves the ``with`` block to discard it."""
+    from engine.output_dir import OutputDir
+
+    return OutputDir(path, kind, keep=keep).open()
 
 
 def start_report_process() -> ReportProcess | None:
@@ -77,43 +74,61 @@ class FinishedRun:
 
 def write_run(
     run: FinishedRun,
-    out_dir: Path,
+    out: OutputDir,
     args: argparse.Namespace,
     options: SummaryOptions,
     reporter: ReportProcess | None = None,
+    extra: Callable[[Path], None] | None = None,
 ) -> dict[str, Any]:
-    """Write the run directory (tables, summary, report) and print the summary; the summary.
+    """Write the run directory (tables, summary, report) into ``out`` and commit it, then
+    print the summary; the summary.
 
-    With a ``reporter`` the forked process writes it, unless it steps aside (then, as without
-    one, it is written here). ``args`` gives ``--no-plots`` and ``--format``; a report error
+    With a ``reporter`` the forked process writes the files, unless it steps aside (then, as
+    without one, they are written here). ``extra`` adds files of the caller's (serve's own
+    tables) before the commit. ``args`` gives ``--no-plots`` and ``--format``; a report error
     is a ``UserError``.
     """
-    from reports.errors import ReportError
+    from reports.metrics import format_summary
+    from reports.run_dir import commit_run
 
     assert run.log is not None, "a FinishedRun is written once"
     plots, file_format = not args.no_plots, args.format
-    try:
-        if reporter is not None:
-            written = reporter.write(run.log, run.meta, out_dir, options, plots=plots,
-                                     file_format=file_format)
-            if written is not None:
-                run.log = None
-                print_summary(*written, out_dir)
-                return written[0]
-        from reports.metrics import format_summary
-        from reports.run_dir import write_run_dir_from_tables
+    written = None
+    if reporter is not None:
+        result = reporter.write(run.log, run.meta, out.staging, options, plots=plots,
+                                file_format=file_format)
+        if result is not None:
+            run.log = None
+            written, text = result
+        else:
+            _empty(out.staging)  # whatever the process left before it failed
+    if written is None:
+        from reports.run_dir import write_run_files
         from reports.tables import build_tables
 
         tables = build_tables(run.log)
         run.log = None  # the event log is no longer needed: free it before rendering
-        summary = write_run_dir_from_tables(
-            out_dir, tables, run.meta, goodput=options.goodput, percentiles=options.percentiles,
-            percentile_metrics=options.percentile_metrics, plots=plots, file_format=file_format,
+        written = write_run_files(
+            out.staging, tables, run.meta, goodput=options.goodput,
+            percentiles=options.percentiles, percentile_metrics=options.percentile_metrics,
+            plots=plots, file_format=file_format,
         )
-    except ReportError as exc:
-        raise UserError(str(exc)) from None
-    print_summary(summary, format_summary(summary), out_dir)
-    return summary
+        text = format_summary(written.summary)
+    if extra is not None:
+        extra(out.staging)
+    commit_run(out, written)
+    print_summary(written.summary, text, out.requested)
+    return written.summary
+
+
+def _empty(directory: Path) -> None:
+    import shutil
+
+    for entry in directory.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
 
 
 def print_summary(summary: dict[str, Any], text: str, out_dir: Path) -> None:

@@ -186,10 +186,9 @@ def write_bench_run_dir(out_dir: Path, record: BenchRecord, *, server: JoinedSer
     ``engine_config`` is the served engine's whole config when the caller knows it (the
     records know only its KV blocks and max_model_len)."""
     from reports.errors import ReportError
-    from reports.run_dir import write_run_dir_from_tables
+    from reports.run_dir import commit_run, open_run_dir, write_run_files
     from reports.tables import ExportedLog, build_tables
 
-    out_dir.mkdir(parents=True, exist_ok=True)
     meta = dict(record.meta)
     if server is not None:
         log = server.log
@@ -201,22 +200,24 @@ def write_bench_run_dir(out_dir: Path, record: BenchRecord, *, server: JoinedSer
     else:
         log = client_log(record.client_requests())
         meta["steps"] = "client chunks (one step per output token, at its chunk's arrival)"
-    try:
-        summary = write_run_dir_from_tables(
-            out_dir, build_tables(ExportedLog(log)), meta, goodput=options.goodput,
-            percentiles=options.percentiles, percentile_metrics=options.percentile_metrics,
-            plots=plots, file_format=file_format,  # type: ignore[arg-type]
-        )
-    except ReportError as exc:
-        raise UserError(str(exc)) from None
-    tables = {"client_requests": client_table(record)}
-    if server is not None:
-        tables["served_requests"] = server.served_requests
-        tables["served_steps"] = server.served_steps
-    for name, table in tables.items():
-        if file_format == "parquet":
-            table.to_parquet(out_dir / f"{name}.parquet", index=False)
-        else:
-            table.to_csv(out_dir / f"{name}.csv", index=False)
-    record.save(out_dir / CLIENT_FILE)
-    return summary
+    with open_run_dir(out_dir) as out:  # written whole, like every run directory
+        try:
+            written = write_run_files(
+                out.staging, build_tables(ExportedLog(log)), meta, goodput=options.goodput,
+                percentiles=options.percentiles, percentile_metrics=options.percentile_metrics,
+                plots=plots, file_format=file_format,  # type: ignore[arg-type]
+            )
+        except ReportError as exc:
+            raise UserError(str(exc)) from None
+        tables = {"client_requests": client_table(record)}
+        if server is not None:
+            tables["served_requests"] = server.served_requests
+            tables["served_steps"] = server.served_steps
+        for name, table in tables.items():
+            if file_format == "parquet":
+                table.to_parquet(out.staging / f"{name}.parquet", index=False)
+            else:
+                table.to_csv(out.staging / f"{name}.csv", index=False)
+        record.save(out.staging / CLIENT_FILE)
+        commit_run(out, written)
+    return written.summary

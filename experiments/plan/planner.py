@@ -23,8 +23,10 @@ target rate (routers, imbalance and shared prefixes make DP scaling inexact), ad
 while it fails and removing one while the smaller layout still passes.
 
 Probes go through the sweep machinery (cache, process pool or Ray); searches of different
-candidates run concurrently on threads that share the backend. A ``cost_model_factory`` (a
-synthetic model in tests) runs every probe in this process, uncached.
+candidates run concurrently on threads that share the backend. An interruption cancels the
+evaluator (no probe starts after it) and leaves the threads to the backend's cancellation
+(``experiments.sweep.backends.running``), which stops the simulations they wait for. A
+``cost_model_factory`` (a synthetic model in tests) runs every probe in this process, uncached.
 """
 
 from __future__ import annotations
@@ -182,6 +184,10 @@ class PlanSpec:
         return max(self.num_gpus // candidate.num_gpus, 1)
 
 
+class Cancelled(Exception):
+    """A probe asked for after the plan was interrupted (never a result)."""
+
+
 class Evaluator:
     """Probes candidates at rates: one task per seed, through the backend and the cache."""
 
@@ -197,6 +203,11 @@ class Evaluator:
         self.records: dict[tuple[Candidate, float], list[dict[str, Any]]] = {}
         self.num_sims = 0
         self._lock = threading.Lock()
+        self._cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        """Stop: every probe not yet started raises ``Cancelled`` (the plan was interrupted)."""
+        self._cancelled.set()
 
     def config(self, candidate: Candidate, rate: float | None, seed: int) -> dict[str, Any]:
         """The full config of ``candidate`` at ``rate`` (validated; raises ``UserError``)."""
@@ -219,6 +230,8 @@ class Evaluator:
 
     def probe(self, candidate: Candidate, rate: float) -> RateProbe:
         """``candidate`` at ``rate``: seeds one at a time while the verdict is open."""
+        if self._cancelled.is_set():
+            raise Cancelled(candidate.label)
         records: list[dict[str, Any]] = []
         for seed in self.spec.seeds:
             task = make_task(self.config(candidate, rate, seed), self.spec.report)
@@ -407,8 +420,16 @@ def run_plan(
             on_done(outcome)
         return outcome
 
-    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+    if threads <= 1:  # in this thread: an interruption stops the simulation at once
+        return [one(c) for c in candidates], ev
+    pool = ThreadPoolExecutor(max_workers=threads)
+    try:
         outcomes = list(pool.map(one, candidates))
+    except BaseException:  # interrupted: no new probe starts, nothing waits for the others
+        ev.cancel()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
     return outcomes, ev
 
 

@@ -23,7 +23,7 @@ Columns of a row (``plan_rows``):
 
 Ranking: in target mode by GPUs needed, then cost, then rate per GPU (headroom); otherwise by
 GPU-hours per million requests (equivalently, rate per GPU), then cost. Rows that cannot serve
-come last.
+come last, in the order of ``STATUS_RANK``: infeasible, over the replica limit, invalid.
 """
 
 from __future__ import annotations
@@ -35,11 +35,16 @@ from typing import Any
 
 import pandas as pd
 
+from engine.output_dir import atomic_write_text
 from experiments.plan.planner import CandidateOutcome, Evaluator, PlanSpec, seeds_mean
 from experiments.sweep.report import markdown_table
 
 #: Statuses whose rows rank above the others.
 SERVING: frozenset[str] = frozenset({"ok", "unbounded"})
+#: The order of rows by status: serving first, then those that run but miss the SLOs or the
+#: target, then layouts that cannot run at all.
+STATUS_RANK: dict[str, int] = {"ok": 0, "unbounded": 0, "infeasible": 1, "over_max_replicas": 2,
+                               "invalid": 3}
 
 
 def _row(spec: PlanSpec, ev: Evaluator, o: CandidateOutcome) -> dict[str, Any]:
@@ -160,9 +165,9 @@ def _note(spec: PlanSpec, row: Mapping[str, Any], best: Any) -> str:
 def plan_rows(spec: PlanSpec, ev: Evaluator, outcomes: Sequence[CandidateOutcome]) -> pd.DataFrame:
     """The ranked plan table (see the module docstring)."""
     df = pd.DataFrame([_row(spec, ev, o) for o in outcomes])
-    df["_serving"] = ~df["status"].isin(SERVING)
-    if spec.target_rate is not None:
-        df["_serving"] = df["status"] != "ok"
+    df["_serving"] = df["status"].map(STATUS_RANK).fillna(len(STATUS_RANK))
+    if spec.target_rate is not None:  # a layout that cannot reach the target does not serve
+        df.loc[df["status"] == "unbounded", "_serving"] = 1
     cost = df.get("usd_per_million_requests", pd.Series(math.nan, index=df.index))
     gph = df.get("gpu_hours_per_million_requests", pd.Series(math.nan, index=df.index))
     df["_cost"], df["_gph"] = cost, gph
@@ -209,7 +214,7 @@ def shown(df: pd.DataFrame) -> pd.DataFrame:
 
 def write_plan(spec: PlanSpec, df: pd.DataFrame, probes: pd.DataFrame, out: Path,
                workload: str) -> None:
-    out.mkdir(parents=True, exist_ok=True)
+    """plan.csv, probes.csv and plan.md into ``out`` (a plan directory's staging area)."""
     df.to_csv(out / "plan.csv", index=False)
     probes.to_csv(out / "probes.csv", index=False)
     slo = ", ".join(f"{k} ≤ {v:g} ms" for k, v in spec.slos_ms.items())
@@ -232,7 +237,7 @@ def write_plan(spec: PlanSpec, df: pd.DataFrame, probes: pd.DataFrame, out: Path
     notes = [f"- {r.candidate}: {r.note}" for r in df.itertuples() if getattr(r, "note", "")]
     if notes:
         lines += ["Notes:", "", *notes, ""]
-    (out / "plan.md").write_text("\n".join(lines))
+    atomic_write_text(out / "plan.md", "\n".join(lines))
 
 
 def write_front(spec: PlanSpec, ev: Evaluator, deployment: Any, out: Path) -> str:

@@ -7,14 +7,25 @@ are ``ray.remote`` functions whose ``ObjectRef.future()`` is a ``concurrent.futu
 
 Tasks are plain picklable dicts (``sweep.make_task``); ``run_task`` is a module-level function,
 so pool and Ray workers import it by name (Ray cluster nodes need twinserve installed).
+
+Stopping (the one policy sweep, plan and validate share): ``close(cancel=True)`` — what every
+backend's user calls when it is interrupted or fails — drops the tasks not started and stops
+the ones running at once (pool workers are terminated, Ray tasks cancelled), instead of
+waiting for them. Pool workers are forked from the main thread when the backend is created,
+ignore SIGINT (a Ctrl-C to the terminal's process group reaches the command, which decides)
+and die with the command even when it is killed (``engine.process_guard``), so no worker
+outlives the command, idle or busy.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
-from collections.abc import Callable, Mapping
-from concurrent.futures import Executor, Future, ProcessPoolExecutor
+import signal
+import time
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any, Protocol
 
 from engine.core.errors import UserError
@@ -43,7 +54,21 @@ class Backend(Protocol):
 
     def submit(self, task: Mapping[str, Any]) -> Future[dict[str, Any]]: ...
 
-    def close(self) -> None: ...
+    def close(self, cancel: bool = False) -> None:
+        """Release the workers: after the tasks submitted, or at once with ``cancel``."""
+        ...
+
+
+@contextlib.contextmanager
+def running(backend: Backend) -> Iterator[Backend]:
+    """``backend`` for a ``with`` block: closed normally when the block ends, cancelled when
+    it raises (an error, or an interruption) so nothing waits for tasks no one will read."""
+    try:
+        yield backend
+    except BaseException:
+        backend.close(cancel=True)
+        raise
+    backend.close()
 
 
 class InlineBackend:
@@ -64,8 +89,27 @@ class InlineBackend:
             future.set_exception(exc)
         return future
 
-    def close(self) -> None:
+    def close(self, cancel: bool = False) -> None:
         pass
+
+
+def _init_worker(parent_pid: int) -> None:
+    """A pool worker: SIGINT is the parent's to handle, SIGTERM ends the worker, and the
+    worker dies with the parent (see the module docstring)."""
+    from engine.process_guard import die_with_parent
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    die_with_parent(parent_pid=parent_pid)
+
+
+def _ready() -> bool:
+    return True
+
+
+#: Seconds terminated workers get to exit before they are killed.
+STOP_TIMEOUT_S = 2.0
 
 
 class PoolBackend:
@@ -77,15 +121,33 @@ class PoolBackend:
         self.workers = jobs
         # fork starts workers with the simulator already imported; spawn elsewhere
         method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-        self._pool: Executor = ProcessPoolExecutor(
-            max_workers=jobs, mp_context=multiprocessing.get_context(method)
+        self._pool = ProcessPoolExecutor(
+            max_workers=jobs, mp_context=multiprocessing.get_context(method),
+            initializer=_init_worker, initargs=(os.getpid(),),
         )
+        # start the workers now, from this (main) thread: a worker dies with the thread that
+        # forked it, and the capacity search submits from its own threads
+        self._pool.submit(_ready).result()
 
     def submit(self, task: Mapping[str, Any]) -> Future[dict[str, Any]]:
         return self._pool.submit(run_task, dict(task))
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+    def close(self, cancel: bool = False) -> None:
+        if not cancel:
+            self._pool.shutdown(wait=True)
+            return
+        processes = list(getattr(self._pool, "_processes", {}).values())
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for p in processes:
+            with contextlib.suppress(OSError, ValueError):
+                p.terminate()
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for p in processes:
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                with contextlib.suppress(OSError, ValueError):
+                    p.kill()
+                p.join(1.0)
 
 
 class RayBackend:
@@ -98,6 +160,8 @@ class RayBackend:
         try:
             import ray
         except ImportError:
+            ray = None
+        if ray is None or not hasattr(ray, "is_initialized"):  # a bare directory named ray
             raise UserError(
                 "--backend ray needs Ray: pip install 'twinserve[ray]' (ray==2.60.0)"
             ) from None
@@ -113,13 +177,20 @@ class RayBackend:
             self._owned = address is None
         self.workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
         self._remote = ray.remote(num_cpus=1)(run_task)
+        self._refs: list[Any] = []
 
     def submit(self, task: Mapping[str, Any]) -> Future[dict[str, Any]]:
         ref = self._remote.remote(dict(task))
+        self._refs.append(ref)
         future: Future[dict[str, Any]] = ref.future()
         return future
 
-    def close(self) -> None:
+    def close(self, cancel: bool = False) -> None:
+        if cancel:
+            for ref in self._refs:
+                with contextlib.suppress(Exception):  # done already, or Ray is going down
+                    self._ray.cancel(ref, force=True)
+        self._refs.clear()
         if self._owned:
             self._ray.shutdown()
 
@@ -134,11 +205,18 @@ def check_jobs(jobs: int | None) -> None:
         raise UserError(f"--jobs must be <= {MAX_JOBS}, got {jobs}")
 
 
+def worker_count(name: str, jobs: int | None) -> int:
+    """How many simulations ``make_backend(name, jobs)`` runs at once on this machine."""
+    if name == "process":
+        return jobs if jobs is not None else (os.cpu_count() or 1)
+    return jobs if jobs is not None else 1
+
+
 def make_backend(name: str, jobs: int | None, ray_address: str | None = None) -> Backend:
     """``process`` with ``jobs`` workers (1 = inline, None = all CPUs) or ``ray``."""
     check_jobs(jobs)
     if name == "process":
-        n = jobs if jobs is not None else (os.cpu_count() or 1)
+        n = worker_count(name, jobs)
         return InlineBackend() if n == 1 else PoolBackend(n)
     if name == "ray":
         return RayBackend(ray_address, num_cpus=jobs)

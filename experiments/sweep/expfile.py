@@ -37,6 +37,7 @@ import dataclasses
 import difflib
 import itertools
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -383,6 +384,11 @@ def with_base_overrides(spec: ExperimentSpec, pairs: Sequence[str]) -> Experimen
         except json.JSONDecodeError:
             value = text
         path = resolve_key(key)
+        if path == "workload.seed":
+            raise ExperimentError(
+                f"--set {key}: a sweep's seeds are its seeds = [...] list ([grid] or [sweep] "
+                "in the file), which sets every point's seed; change them there"
+            )
         if path in spec.axis_keys:
             raise ExperimentError(
                 f"--set {key}: {path} is a [grid] axis, whose values would override it; "
@@ -393,9 +399,29 @@ def with_base_overrides(spec: ExperimentSpec, pairs: Sequence[str]) -> Experimen
 
 
 # -- points --------------------------------------------------------------------------------------
+#: The most points one sweep may have (each is a simulation; more is a mistake, or a job
+#: for several sweeps).
+MAX_POINTS = 100_000
+
+
+def num_points(spec: ExperimentSpec) -> int:
+    """How many points ``spec`` has (variants × the grid's product × seeds), without
+    building any."""
+    return len(spec.variants) * math.prod(len(v) for _, v in spec.axes) * len(spec.seeds)
+
+
 def expand_points(spec: ExperimentSpec) -> list[SweepPoint]:
     """Every point of the experiment, validated; raises one ``ExperimentError`` with all errors
-    (identical messages grouped, with the number of points they affect)."""
+    (identical messages grouped, with the number of points they affect). An experiment of
+    more than ``MAX_POINTS`` points is refused before any is built."""
+    total = num_points(spec)
+    if total > MAX_POINTS:
+        raise ExperimentError(
+            f"the experiment has {total:,} points ({len(spec.variants)} variant(s) × "
+            + " × ".join(f"{len(v)} {k}" for k, v in spec.axes)
+            + f" × {len(spec.seeds)} seed(s)), more than the {MAX_POINTS:,} one sweep runs: "
+            "narrow the grid or split it into several sweeps"
+        )
     keys = spec.axis_keys
     grid = list(itertools.product(*(values for _, values in spec.axes)))
     points: list[SweepPoint] = []

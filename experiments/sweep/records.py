@@ -176,6 +176,38 @@ def simulate_record(
     return record
 
 
+#: Keys every record has, each a number (a cached record without them is not trusted).
+NUMERIC_RECORD_KEYS: tuple[str, ...] = (
+    "completed", "failed", "duration", "request_throughput", "output_throughput",
+    "total_token_throughput", "sim_num_steps", "sim_simulated_time_s",
+)
+
+
+def record_problem(record: Any, report: Mapping[str, Any]) -> str | None:
+    """Why ``record`` is not a complete record of a run summarised with ``report``'s options
+    (None if it is): a cache must never hand back a damaged or foreign record as a result."""
+    if not isinstance(record, Mapping):
+        return f"a record must be an object, got {type(record).__name__}"
+    if record.get("error"):
+        return "it records an error"
+    for key in NUMERIC_RECORD_KEYS:
+        value = record.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+                isinstance(value, float) and math.isnan(value)):
+            return f"{key} is missing or not a number ({value!r:.40})"
+    completed = record["completed"]
+    for metric in report.get("percentile_metrics") or ["ttft", "tpot", "itl"]:
+        key = f"median_{metric}_ms"
+        if key not in record:
+            return f"{key} is missing"
+        value = record[key]
+        if completed > 0 and metric in ("ttft", "e2el") and not isinstance(value, (int, float)):
+            return f"{key} is missing or not a number ({value!r:.40})"
+    if not isinstance(record.get("diagnosis_verdict"), str):
+        return "diagnosis_verdict is missing"
+    return None
+
+
 def effective_attainment(record: Mapping[str, Any]) -> float:
     """Fraction of *all* requests that completed and met every SLO (a rejected or failed
     request counts as a miss), from a record made with goodput SLOs."""

@@ -10,6 +10,11 @@ Output directory::
     DIR/sweep.json                     the experiment as parsed + each point's cache key
     DIR/cache/<key>.json               one cached record per point (shared across reruns)
     DIR/runs/<key>/                    full run directories, with --save-runs only
+    DIR/manifest.json                  written last (engine/output_dir.py)
+
+The directory is written whole: everything but the cache goes into a staging directory that
+replaces DIR once the results are complete, so an interrupted sweep leaves the previous
+results (or none) and its cache, from which a rerun resumes.
 
 A *series* is what a line in a comparison plot shows: the variant name and the values of the
 grid axes other than the x axis and the seed.
@@ -19,7 +24,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +34,7 @@ from typing import Any
 
 import pandas as pd
 
+from engine.output_dir import OutputDir, atomic_write_text
 from experiments.sweep.backends import Backend
 from experiments.sweep.expfile import ExperimentSpec, SweepPoint, expand_points
 from experiments.sweep.runner import ResultCache, RunStats, cache_key, make_task, run_tasks
@@ -75,30 +83,50 @@ def choose_x(spec: ExperimentSpec) -> str | None:
     return None
 
 
+def open_sweep_dir(path: str | Path) -> OutputDir:
+    """A sweep's output directory, opened for writing (its cache kept across reruns)."""
+    return OutputDir(path, "sweep", keep=("cache",)).open()
+
+
 def run_experiment(
     spec: ExperimentSpec,
-    out_dir: str | Path,
+    out_dir: str | Path | OutputDir,
     backend: Backend,
     *,
     resume: bool = True,
     save_runs: bool = False,
     plots: bool = True,
     progress: Callable[[int, int, RunStats], None] | None = None,
+    points: list[SweepPoint] | None = None,
 ) -> SweepOutcome:
-    """Validate every point, run those not cached, write the table, summary and plots."""
+    """Validate every point, run those not cached, write the table, summary and plots into
+    ``out_dir`` (a path, or a sweep directory already opened by ``open_sweep_dir``);
+    ``points``: ``expand_points(spec)``, if the caller has them already."""
+    if points is None:
+        points = expand_points(spec)  # raises with every invalid point listed
+    out = out_dir if isinstance(out_dir, OutputDir) else open_sweep_dir(out_dir)
+    with out:
+        outcome = _run(spec, points, out, backend, resume, save_runs, plots, progress)
+        out.commit(data=["results.parquet", "results.csv", "sweep.json"])
+    return outcome
+
+
+def _run(spec: ExperimentSpec, points: list[SweepPoint], out_dir: OutputDir,
+         backend: Backend, resume: bool, save_runs: bool, plots: bool,
+         progress: Callable[[int, int, RunStats], None] | None) -> SweepOutcome:
     from reports.meta import write_json
 
-    points = expand_points(spec)  # raises with every invalid point listed
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = out_dir.staging
     tasks = []
     for p in points:
         task = make_task(p.config, spec.report)
         if save_runs:
             task["run_dir"] = str(out / "runs" / cache_key(task))
         tasks.append(task)
-    records, stats = run_tasks(tasks, backend, ResultCache(out / "cache"), resume=resume,
-                               progress=progress)
+    records, stats = run_tasks(tasks, backend, ResultCache(out_dir.live("cache")),
+                               resume=resume, progress=progress)
+    if save_runs:
+        _keep_saved_runs(out_dir, records)
     x_key = choose_x(spec)
     rows = [{**point_labels(spec, p, x_key), **r} for p, r in zip(points, records, strict=True)]
     table = pd.DataFrame(rows)
@@ -115,11 +143,30 @@ def run_experiment(
     })
     x_col = _x_column(x_key)
     summary = aggregate(table, x_col)
-    (out / "summary.md").write_text(_summary_md(spec, summary, stats))
+    atomic_write_text(out / "summary.md", _summary_md(spec, summary, stats))
     pngs: list[Path] = []
     if plots and not ok_rows(table).empty:
         pngs = _plots(spec, table, x_col, out / "plots")
-    return SweepOutcome(table, stats, out, x_col, tuple(pngs))
+    final = out_dir.path
+    return SweepOutcome(table, stats, final, x_col,
+                        tuple(final / p.relative_to(out) for p in pngs))
+
+
+def _keep_saved_runs(out: OutputDir, records: list[dict[str, Any]]) -> None:
+    """With --save-runs, the run directories of cached points come from the previous
+    results (hard links: nothing is copied)."""
+    for record in records:
+        old = out.path / "runs" / record["cache_key"]
+        new = out.staging / "runs" / record["cache_key"]
+        if old.is_dir() and not new.exists():
+            shutil.copytree(old, new, copy_function=_link_or_copy)
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
 
 
 def _x_column(x_key: str | None) -> str | None:

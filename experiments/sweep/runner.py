@@ -125,17 +125,29 @@ class ResultCache:
     def __init__(self, directory: str | Path | None) -> None:
         self.directory = Path(directory) if directory is not None else None
 
-    def get(self, key: str) -> dict[str, Any] | None:
+    def get(self, key: str, task: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+        """The record cached under ``key``; None (run it again) for anything short of a
+        complete record of ``task``: a file cut short, not JSON, of another version or key,
+        of another task, or a record without its metrics (``records.record_problem``)."""
+        from experiments.sweep.records import record_problem
+
         if self.directory is None:
             return None
         path = self.directory / f"{key}.json"
         try:
             entry = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
+        except (OSError, ValueError):  # JSONDecodeError and UnicodeDecodeError included
+            return None
+        if not isinstance(entry, dict):
             return None
         if entry.get("cache_version") != CACHE_VERSION or entry.get("key") != key:
             return None
-        return _decoded(entry["record"])
+        if task is not None and entry.get("task") != _stored_task(task):
+            return None
+        record = entry.get("record")
+        if record_problem(record, (task or {}).get("report") or {}) is not None:
+            return None
+        return _decoded(record)
 
     def put(self, key: str, task: Mapping[str, Any], record: Mapping[str, Any]) -> None:
         if self.directory is None:
@@ -143,12 +155,22 @@ class ResultCache:
         from reports.meta import to_jsonable
 
         self.directory.mkdir(parents=True, exist_ok=True)
-        entry = {"cache_version": CACHE_VERSION, "key": key,
-                 "task": {k: v for k, v in task.items() if k != "run_dir"},
+        entry = {"cache_version": CACHE_VERSION, "key": key, "task": _stored_task(task),
                  "record": to_jsonable(record)}
         tmp = self.directory / f".{key}.{os.getpid()}.{threading.get_ident()}.tmp"
-        tmp.write_text(json.dumps(entry, allow_nan=False) + "\n")
-        os.replace(tmp, self.directory / f"{key}.json")
+        try:
+            tmp.write_text(json.dumps(entry, allow_nan=False) + "\n")
+            os.replace(tmp, self.directory / f"{key}.json")
+        finally:
+            tmp.unlink(missing_ok=True)
+
+
+def _stored_task(task: Mapping[str, Any]) -> Any:
+    """A task as its cache entry stores it (JSON types; ``run_dir`` left out)."""
+    from reports.meta import to_jsonable
+
+    return json.loads(json.dumps(to_jsonable({k: v for k, v in task.items()
+                                              if k != "run_dir"})))
 
 
 def _decoded(record: Mapping[str, Any]) -> dict[str, Any]:
@@ -207,7 +229,7 @@ def run_tasks(
     for key, task in zip(keys, tasks, strict=True):
         if key in by_key or key in pending:
             continue
-        hit = cache.get(key) if resume else None
+        hit = cache.get(key, task) if resume else None
         if hit is not None:
             by_key[key] = hit
         else:

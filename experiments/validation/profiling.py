@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ import numpy as np
 from engine.core.config import ConfigError
 from engine.core.events import EventKind, EventLog
 from engine.core.outputs import BatchShape
+from engine.output_dir import atomic_path, atomic_write_text, file_digest
+from engine.paths import input_file, read_text
 from sim.cost.fitted import FittedCostModel, ModelGeometry, read_profile_csv
 from workload.build import build_workload
 from workload.config import WorkloadConfig
@@ -38,11 +41,20 @@ def _quiet(_: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class ProfileFiles:
-    """A profile's three files: ``X.csv``, ``X.meta.json`` and ``X.fitted.json``."""
+    """A profile's three files: ``X.csv``, ``X.meta.json`` and ``X.fitted.json``.
+
+    Written in that order, each atomically, after the old meta and fit are removed; the meta
+    holds the CSV's SHA-256. So a fit exists only for a complete profile, and an interrupted
+    profile is refused by ``fit_profile`` instead of pairing new rows with old metadata."""
 
     csv: Path
     meta: Path
     fitted: Path
+
+    def discard(self) -> None:
+        """Remove the meta and fit of an earlier profile at this path."""
+        for path in (self.fitted, self.meta):
+            path.unlink(missing_ok=True)
 
     @staticmethod
     def of(csv_path: str | Path) -> ProfileFiles:
@@ -148,7 +160,9 @@ def profile_engine(
         rows += in_loop_rows(engine.executor.step_timings[-logs[-1].num_steps:])
     rows += loop_rows(logs)
     probes.append(speed_probe(engine.executor))
-    write_profile_csv(files.csv, rows)
+    files.discard()  # an older profile's meta or fit never pairs with the new rows
+    with atomic_path(files.csv) as tmp:
+        write_profile_csv(tmp, rows)
     geometry = model_geometry(engine)
     ratios = [r.stats.cpu_ratio for r in rows if r.shape is not None]
     meta = {
@@ -162,9 +176,10 @@ def profile_engine(
         "cpu_ratio_median": float(np.nanmedian(ratios)) if ratios else None,
         "speed_probe_s": float(np.mean(probes)), "speed_probes_s": probes,
         "engine_args": {k: getattr(engine_args, k) for k in engine_args.__dataclass_fields__},
+        "csv_sha256": file_digest(files.csv)[1],
         **dataclasses.asdict(provenance()),
     }
-    files.meta.write_text(json.dumps(plain_json(meta), indent=1) + "\n")
+    atomic_write_text(files.meta, json.dumps(plain_json(meta), indent=1) + "\n")
     engine.executor.shutdown()
     model = fit_profile(files.csv, holdout_fraction=holdout_fraction, seed=seed,
                         statistic=statistic)
@@ -177,11 +192,20 @@ def fit_profile(csv_path: str | Path, *, holdout_fraction: float = 0.2, seed: in
                 source_shares: dict[str, float] | None = None) -> FittedCostModel:
     """Fit ``X.csv`` with the geometry of ``X.meta.json``; saves ``X.fitted.json``."""
     files = ProfileFiles.of(csv_path)
+    input_file(files.csv, "profile")
+    if not os.path.lexists(files.meta):
+        raise ConfigError(f"{files.meta} is missing: it holds the profiled model's geometry "
+                          "(an interrupted profile?); profile again with twinserve profile")
     try:
-        meta = json.loads(files.meta.read_text())
-    except OSError:
-        raise ConfigError(f"{files.meta} is missing: it holds the profiled model's geometry; "
-                          "profile again with twinserve profile") from None
+        meta = json.loads(read_text(files.meta, "profile metadata"))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{files.meta} is not valid JSON ({exc}): profile again") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("geometry"), dict):
+        raise ConfigError(f"{files.meta} holds no model geometry: profile again")
+    digest = meta.get("csv_sha256")
+    if digest is not None and digest != file_digest(files.csv)[1]:
+        raise ConfigError(f"{files.csv} is not the profile {files.meta} describes (it changed "
+                          "after profiling, or a profile was interrupted): profile again")
     measured_on = {k: meta.get(k) for k in ("model", "device", "dtype", "attention_backend",
                                              "torch", "torch_threads", "date", "git_commit",
                                              "cpu_ratio_median", "speed_probe_s")}

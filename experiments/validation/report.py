@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from engine.output_dir import atomic_write_text
+
 METRICS = ("ttft", "tpot", "itl", "e2el")
 STATS = (("mean", "mean"), ("p50", "median"), ("p90", "p90"), ("p99", "p99"))
 #: The issue's accuracy targets: |rel err| of the median and of p99 of these metrics.
@@ -305,7 +307,8 @@ def write_validation(measured_dir: Path, simulated_dir: Path, fitted_path: Path,
     result["diagnosis"] = diagnose(result)
     write_json(out_dir / "validation.json", result)
     png = plot_step_scatter(model, samples, out_dir / "step_time_scatter.png") if plots else None
-    (out_dir / "validation.md").write_text(_markdown(result, png, measured_dir, simulated_dir))
+    atomic_write_text(out_dir / "validation.md",
+                      _markdown(result, png, measured_dir, simulated_dir))
     return result
 
 

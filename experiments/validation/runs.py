@@ -150,11 +150,16 @@ def cpu_share(log: EventLog, cpu_s: float) -> float | None:
 
 
 def write_measured(run: MeasuredRun, out_dir: Path, *, plots: bool) -> Path:
-    from reports.run_dir import write_run_dir
+    """The measured run's directory, with the shapes of the steps it executed
+    (``step_shapes.csv``), written whole."""
+    from reports.run_dir import commit_run, open_run_dir, write_run_files
+    from reports.tables import build_tables
 
-    write_run_dir(out_dir, run.log, run.meta, plots=plots,
-                  percentile_metrics=("ttft", "tpot", "itl", "e2el"))
-    write_step_shapes(out_dir / "step_shapes.csv", run.step_rows)
+    with open_run_dir(out_dir, "run directory") as out:
+        written = write_run_files(out.staging, build_tables(run.log), run.meta, plots=plots,
+                                  percentile_metrics=("ttft", "tpot", "itl", "e2el"))
+        write_step_shapes(out.staging / "step_shapes.csv", run.step_rows)
+        commit_run(out, written)
     return out_dir
 
 
@@ -192,18 +197,31 @@ def load_event_log(values: dict[str, Any]) -> EventLog:
 
 
 def write_bundle(run: MeasuredRun, path: Path) -> Path:
-    path.write_text(json.dumps({"format": "twinserve-measured-run/1", "meta": run.meta,
-                                "event_log": dump_event_log(run.log),
-                                "step_shapes": run.step_rows}) + "\n")
-    return path
+    from engine.output_dir import atomic_write_text
+
+    return atomic_write_text(path, json.dumps({
+        "format": "twinserve-measured-run/1", "meta": run.meta,
+        "event_log": dump_event_log(run.log), "step_shapes": run.step_rows}) + "\n")
 
 
 def read_bundle(path: Path) -> MeasuredRun:
-    values = json.loads(path.read_text())
-    if values.get("format") != "twinserve-measured-run/1":
-        raise ConfigError(f"{path} is not a measured-run bundle")
-    return MeasuredRun(values["meta"], load_event_log(values["event_log"]),
-                       values["step_shapes"])
+    """A measured-run bundle (``write_bundle``); a file that is not one is a ``ConfigError``
+    naming it."""
+    from engine.paths import read_text
+
+    try:
+        values = json.loads(read_text(path, "measured-run bundle"))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path} is not a measured-run bundle: not JSON ({exc})") from None
+    if not isinstance(values, dict) or values.get("format") != "twinserve-measured-run/1":
+        raise ConfigError(f"{path} is not a measured-run bundle (no "
+                          "format: twinserve-measured-run/1)")
+    try:
+        return MeasuredRun(values["meta"], load_event_log(values["event_log"]),
+                           values["step_shapes"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"{path}: a damaged measured-run bundle ({type(exc).__name__}: "
+                          f"{exc})") from None
 
 
 # -- the simulated run ---------------------------------------------------------------------------

@@ -32,6 +32,7 @@ The JSON also carries the front-end and engine-loop CPU costs measured with the 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -120,12 +121,10 @@ def _ints(text: str) -> tuple[int, ...]:
 
 def read_profile_csv(path: str | Path) -> list[ProfileRecord]:
     """All rows of a profile CSV; raises ``ConfigError`` naming a missing column."""
+    from engine.paths import read_text
+
     p = Path(path)
-    try:
-        with p.open(newline="") as f:
-            rows = list(csv.DictReader(f))
-    except OSError as exc:
-        raise ConfigError(f"cannot read profile {p}: {exc.strerror}") from None
+    rows = list(csv.DictReader(io.StringIO(read_text(p, "profile"), newline="")))
     out = []
     for i, r in enumerate(rows):
         try:
@@ -588,10 +587,12 @@ class FittedCostModel:
         }
 
     def save(self, path: str | Path) -> Path:
+        """Write the model as JSON, atomically (a reader sees the old file or the new one)."""
+        from engine.output_dir import atomic_write_text
+
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(json.dumps(self.to_json(), indent=2) + "\n")
-        return p
+        return atomic_write_text(p, json.dumps(self.to_json(), indent=2) + "\n")
 
     @staticmethod
     def from_json(values: dict[str, Any]) -> FittedCostModel:
@@ -609,11 +610,13 @@ class FittedCostModel:
 
     @staticmethod
     def load(path: str | Path) -> FittedCostModel:
+        from engine.paths import PathError, read_text
+
         p = Path(path)
         try:
-            values = json.loads(p.read_text())
-        except OSError as exc:
-            raise ConfigError(f"cannot read fitted cost model {p}: {exc.strerror}") from None
+            values = json.loads(read_text(p, "fitted cost model"))
+        except PathError as exc:  # missing, a directory, a FIFO, not UTF-8 …
+            raise ConfigError(f"cannot read {exc}") from None
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{p} is not valid JSON: {exc}") from None
         if not isinstance(values, dict):

@@ -252,11 +252,11 @@ def test_replay_schedule_malformed_workload(
 
 def test_replay_schedule_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "nope.json"
-    _assert_one_line_error(*_run_cli(capsys, path), str(path), "No such file or directory")
+    _assert_one_line_error(*_run_cli(capsys, path), str(path), "does not exist")
 
 
 def test_replay_schedule_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    _assert_one_line_error(*_run_cli(capsys, tmp_path), "cannot read")
+    _assert_one_line_error(*_run_cli(capsys, tmp_path), str(tmp_path), "is a directory, not a file")
 
 
 def test_replay_schedule_error_names_the_request_once(

@@ -4,25 +4,27 @@
   numpy. It never reads a clock (``time.time``/``monotonic``/``perf_counter``…,
   ``datetime.now``…) and never draws unseeded randomness (the ``random`` module,
   ``numpy.random`` outside a seeded ``default_rng(seed)``, ``os.urandom``, ``uuid4``, ``secrets``).
-* ``workload`` (the request streams both worlds serve) imports only ``workload`` and three leaf
+* ``workload`` (the request streams both worlds serve) imports only ``workload``, three leaf
   modules of the core (``engine.core.config``'s field checks, ``engine.core.errors``, the SLO
-  classes of ``engine.core.slo``); besides the standard library only numpy, and ``tokenizers``
-  (a leaf library: ShareGPT files are counted in tokens, imported only when one is read). Both
-  worlds import it: ``sim`` and the real-run driver.
+  classes of ``engine.core.slo``) and ``engine.paths`` (user-given files); besides the standard
+  library only numpy, and ``tokenizers`` (a leaf library: ShareGPT files are counted in tokens,
+  imported only when one is read). Both worlds import it: ``sim`` and the real-run driver.
 * ``engine/policies`` (the shipped scheduling policies, both worlds run them) imports only
   ``engine.core`` and ``workload`` of ours (a predictor may fit on a trace file); besides the
   standard library only numpy.
 * ``sim`` imports only ``engine.core`` and ``workload`` of ours (and ``engine.compiled``, the
-  compiled-build guard its package runs first); never torch/triton, engine.worker,
-  engine.serve or kernels.
+  compiled-build guard its package runs first, and the file helpers ``engine.paths`` /
+  ``engine.output_dir``); never torch/triton, engine.worker, engine.serve or kernels.
 * ``engine`` (all of it: the core, the real world, the offline ``LLM``) never imports ``sim``,
   ``experiments``, ``reports`` or ``bench``; ``engine/worker`` imports ``engine.core`` and
   ``kernels``; ``engine/serve`` imports ``engine.core``, ``engine.worker``, ``workload`` and the
   engine assembly ``engine.llm``.
 * ``engine/entrypoints`` (the server processes) imports ``engine.core`` and ``engine.serve``,
   never torch/triton, the worker or the simulator: the engine behind it is given as a factory.
-* ``reports`` imports only ``engine.core.events`` of ours, plus pandas/numpy/matplotlib and
-  pyarrow (pandas' Parquet engine, used directly to write tables in row groups).
+* ``reports`` imports only ``engine.core.events`` and ``engine.core.errors`` of ours, the file
+  helpers every writer shares (``engine.paths``, ``engine.output_dir``,
+  ``engine.process_guard``), plus pandas/numpy/matplotlib and pyarrow (pandas' Parquet
+  engine, used directly to write tables in row groups).
 * ``kernels`` imports nothing of ours.
 * ``bench`` (benchmarks and GPU scripts) may import any package of ours, and none imports it
   (only its tests do).
@@ -59,18 +61,21 @@ class Rule:
 RULES: dict[str, Rule] = {
     "engine/core": Rule(ours=("engine.core",), third_party=("numpy",), clock_free=True),
     "workload": Rule(
-        ours=("workload", "engine.core.config", "engine.core.errors", "engine.core.slo"),
+        ours=("workload", "engine.core.config", "engine.core.errors", "engine.core.slo",
+              "engine.paths"),
         third_party=("numpy", "tokenizers"),
     ),
     "engine/policies": Rule(
         ours=("engine.policies", "engine.core", "workload"), third_party=("numpy",)
     ),
     "sim": Rule(
-        ours=("sim", "engine.core", "engine.compiled", "workload"), third_party=None,
+        ours=("sim", "engine.core", "engine.compiled", "workload", "engine.paths",
+              "engine.output_dir"), third_party=None,
         forbidden_third_party=("torch", "triton"),
     ),
     "engine": Rule(ours=("engine", "kernels", "workload"), third_party=None),
-    "engine/worker": Rule(ours=("engine.worker", "engine.core", "kernels"), third_party=None),
+    "engine/worker": Rule(ours=("engine.worker", "engine.core", "kernels", "engine.paths",
+                                "engine.output_dir", "engine.resources"), third_party=None),
     "engine/serve": Rule(
         ours=("engine.serve", "engine.core", "engine.worker", "engine.llm", "workload"),
         third_party=None,
@@ -80,7 +85,8 @@ RULES: dict[str, Rule] = {
         forbidden_third_party=("torch", "triton"),
     ),
     "reports": Rule(
-        ours=("reports", "engine.core.events"),
+        ours=("reports", "engine.core.events", "engine.core.errors", "engine.paths",
+              "engine.output_dir", "engine.process_guard"),
         third_party=("pandas", "numpy", "matplotlib", "pyarrow"),
     ),
     "kernels": Rule(ours=("kernels",), third_party=None),

@@ -41,7 +41,8 @@ def test_report_rebuilds_from_files(run_dir, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["--goodput", "ttft=30"], "KEY:VALUE"),
     (["--goodput", "ttfb:30"], "valid names are ttft, tpot, e2el"),
-    (["--goodput", "ttft:-1"], "non-negative"),
+    (["--goodput", "ttft:-1"], "positive number"),
+    (["--goodput", "e2el:0"], "no request meets a limit of 0 ms"),
     (["--goodput", "ttft:100", "ttft:200"], "goodput SLO 'ttft' given twice ('ttft:200')"),
     (["--metric-percentiles", "50,abc"], "comma-separated numbers"),
     (["--percentile-metrics", "ttft,foo"], "valid names are ttft, tpot, itl, e2el"),

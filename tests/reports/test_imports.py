@@ -1,6 +1,8 @@
-"""``reports`` imports only ``engine.core.events`` of ours, plus numpy, pandas, matplotlib,
-pyarrow (pandas' Parquet engine, used directly to write tables in row groups) and the standard
-library (ARCHITECTURE.md §2); ``twinserve --help`` does not import pandas."""
+"""``reports`` imports only ``engine.core.events`` and ``engine.core.errors`` of ours and the
+file helpers every writer shares (``engine.paths``, ``engine.output_dir``,
+``engine.process_guard``), plus numpy, pandas, matplotlib, pyarrow (pandas' Parquet engine,
+used directly to write tables in row groups) and the standard library (ARCHITECTURE.md §2);
+``twinserve --help`` does not import pandas."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ from pathlib import Path
 
 REPORTS = Path(__file__).resolve().parents[2] / "reports"
 ALLOWED_THIRD_PARTY = {"numpy", "pandas", "matplotlib", "pyarrow"}
+ALLOWED_OURS = {"engine.core.events", "engine.core.errors", "engine.paths", "engine.output_dir",
+                "engine.process_guard"}
 
 
 def _imports(path: Path) -> set[str]:
@@ -29,7 +33,7 @@ def test_reports_import_rule():
         for name in _imports(path):
             top = name.split(".")[0]
             ok = (
-                name == "engine.core.events" or top == "reports"
+                name in ALLOWED_OURS or top == "reports"
                 or top in ALLOWED_THIRD_PARTY or top in sys.stdlib_module_names
                 or top == "__future__"
             )

@@ -95,7 +95,8 @@ def test_it_returns_the_summary_and_its_printed_form(small_run: Any, tmp_path: P
     written = _reporter().write(small_run.event_log, {"kind": "simulated"}, tmp_path, OPTIONS,
                                 plots=False, file_format="csv")
     assert written is not None
-    summary, text = written
+    files, text = written
+    summary = files.summary
     assert text == format_summary(summary) and summary["completed"] == 20
     assert (tmp_path / "requests.csv").exists() and (tmp_path / "summary.json").exists()
 
@@ -145,12 +146,13 @@ def test_write_run_turns_a_report_error_into_a_user_error(small_run: Any,
     import argparse
 
     from engine.core.errors import UserError
-    from experiments.cli.reporting import FinishedRun, write_run
+    from experiments.cli.reporting import FinishedRun, open_out_dir, write_run
     from experiments.run_meta import simulated_run_meta
 
     bad = dataclasses.replace(OPTIONS, goodput={"nonsense": 1.0})
     args = argparse.Namespace(no_plots=True, format="csv")
     for reporter in (_reporter(), None):
         run = FinishedRun(simulated_run_meta(small_run), small_run.event_log)
-        with pytest.raises(UserError, match="nonsense"):
-            write_run(run, tmp_path, args, bad, reporter)
+        with pytest.raises(UserError, match="nonsense"), open_out_dir(tmp_path / "o") as out:
+            write_run(run, out, args, bad, reporter)
+        assert list(tmp_path.iterdir()) == []  # nothing half-written is left

@@ -277,7 +277,7 @@ def _error(server: ServerProcess, path: str, body: Any) -> tuple[int, dict[str, 
 
 
 @pytest.mark.parametrize(("body", "param", "words"), [
-    ({"prompt": "Hi", "temperature": -1}, None, "temperature must be >= 0"),
+    ({"prompt": "Hi", "temperature": -1}, None, "temperature must be a finite number >= 0"),
     ({"prompt": "Hi", "top_p": 2}, None, "top_p must be in (0, 1]"),
     ({"prompt": "Hi", "n": 2}, "n", "only n=1"),
     ({"prompt": "Hi", "max_tokens": 0}, "max_tokens", "at least 1"),

@@ -254,9 +254,25 @@ class _Server(uvicorn.Server):
         yield
 
 
+class _CancelledAtShutdown(logging.Filter):
+    """uvicorn logs a request cancelled by its graceful-shutdown timeout as an "Exception in
+    ASGI application" with a ``CancelledError`` traceback; it is the timeout working as
+    configured: one line says so instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, asyncio.CancelledError):
+            record.msg, record.args, record.exc_info = (
+                "a request in flight was cancelled: the shutdown timeout "
+                "(--shutdown-timeout) ran out", None, None)
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
 def serve(cfg: APIServerConfig, sock: socket.socket, lifeline: Connection) -> None:
     """Run the API server on the listening socket ``sock`` (shared by every API server)."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("uvicorn.error").addFilter(_CancelledAtShutdown())
     control = ServerControl()
     config = uvicorn.Config(
         build_app(cfg, lifeline, control), lifespan="on", loop="uvloop", http="httptools",
