@@ -38,6 +38,7 @@ from engine.core.hashing import PrecomputedBlockHasher
 from engine.core.interfaces import CostModel
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.request import Request, SamplingParams
+from sim.clock import wake_at
 from sim.cluster import ReplicaView, Router, make_router
 from sim.config import SimConfig, resolve_engine_config
 from sim.replica import STEP_ID_STRIDE, EngineReplica
@@ -244,13 +245,13 @@ class SimRuntime:
                     # replicas one may report a delivery earlier than those already known
                     self._client_wake = env.event()
                     if self._releases:
-                        yield env.timeout(self._releases[0] - env.now) | self._client_wake
+                        yield wake_at(env, self._releases[0]) | self._client_wake
                     else:
                         yield self._client_wake
                     self._client_wake = None
             t = float(send_times[i])
             if t > env.now:
-                yield env.timeout(t - env.now)
+                yield wake_at(env, t)
             self._send(i, env.now)
             self._next_send = i + 1
         self._next_send = len(w)
@@ -278,7 +279,9 @@ class SimRuntime:
             self._enqueue(0, times.engine_arrival_s, i, request)
         else:
             heapq.heappush(self._to_route, (times.tokenized_s, i, request))
-            if self._router_wake is not None and not self._router_wake.triggered:
+            # the router sleeps until its earliest request: wake it if this one is earlier
+            if (self._router_wake is not None and not self._router_wake.triggered
+                    and self._to_route[0][2] is request):
                 self._router_wake.succeed()
 
     def _enqueue(self, replica: int, arrival_s: float, seq: int, request: Request) -> None:
@@ -390,7 +393,11 @@ class SimRuntime:
                 continue
             t = self._to_route[0][0]
             if t > env.now:
-                yield env.timeout(t - env.now)
+                # until then, or until an earlier request leaves an API server (with several
+                # API servers, one sent later may be tokenized sooner)
+                self._router_wake = env.event()
+                yield wake_at(env, t) | self._router_wake
+                self._router_wake = None
                 continue
             _, seq, request = heapq.heappop(self._to_route)
             replica = self._route(request, env.now)
@@ -436,7 +443,7 @@ class SimRuntime:
                     return
                 if replica.inputs:
                     now = max(now, replica.next_input_s())
-                    yield env.timeout(now - env.now)
+                    yield wake_at(env, now)
                 else:
                     wake = self._engine_wake[replica.index] = env.event()
                     yield wake
@@ -450,7 +457,7 @@ class SimRuntime:
                 now = replica.iterate(now, horizon)
                 replica.drain(now)
                 horizon = self._horizon(replica)
-            yield env.timeout(now - env.now)
+            yield wake_at(env, now)
 
     def _horizon(self, replica: EngineReplica) -> float:
         """Earliest time something outside this engine could change what it sees."""

@@ -155,3 +155,29 @@ def test_a_closed_loop_client_wakes_for_an_earlier_delivery_of_another_replica()
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def test_a_request_tokenized_sooner_is_routed_then() -> None:
+    """With two API servers a request sent later can leave them sooner; the router must route
+    it at that time, not when the earlier-sent request is ready (it slept until then)."""
+    from engine.core.events import EventKind
+    from sim.runtime import SimRuntime
+    from workload.stream import Workload
+
+    ones = np.ones(2, dtype=np.int64)
+    w = Workload(
+        send_time_s=np.asarray([0.0, 0.001]), prompt_lens=np.asarray([4000, 10]),
+        output_lens=4 * ones, priorities=0 * ones, shared_prefix_ids=-ones,
+        shared_prefix_lens=0 * ones, max_concurrency=None, source="hand-built",
+    )
+    cfg = SimConfig.from_dict({"data_parallel_size": 2, "router": "least_outstanding",
+                               "frontend": {"num_api_servers": 2}})
+    log = SimRuntime(cfg, workload=w).run().event_log
+    times: dict[tuple[str, EventKind], float] = {}
+    for e in log.iter_events(expand_tokens=False):
+        times.setdefault((e.req_id, e.kind), e.time_s)
+    tokenized = {r: times[r, EventKind.TOKENIZED] for r in ("0", "1")}
+    assert tokenized["1"] < tokenized["0"]
+    ipc = cfg.frontend.ipc_latency_s
+    for r in ("0", "1"):  # each reaches its idle engine straight from the router
+        assert times[r, EventKind.ENGINE_ENQUEUED] == tokenized[r] + ipc
