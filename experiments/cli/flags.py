@@ -33,8 +33,8 @@ def add_sim_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--gpu", help="catalog GPU: h100-sxm, h200-sxm, a100-80gb")
     g.add_argument("--tensor-parallel-size", "-tp", type=int)
     g.add_argument("--data-parallel-size", "-dp", type=int, help="engine replicas")
-    g.add_argument("--router", help="replica router: vllm (default), round_robin, "
-                   "least_outstanding, least_kv, prefix_aware")
+    g.add_argument("--router", help="replica router: vllm (default), round_robin, random, "
+                   "consistent_hash, least_outstanding, least_kv, prefix_aware")
     g.add_argument("--router-load-cap", type=int,
                    help="prefix_aware: extra in-flight requests tolerated for a better hit")
     g.add_argument("--gpu-memory-utilization", type=float)

@@ -2,8 +2,10 @@
 
 A backend has one job — ``submit(task) -> Future`` of ``run_task(task)`` — so the sweep driver
 and the capacity search treat all three alike (``concurrent.futures.as_completed`` /
-``Future.result``). No home-made distribution: the pool is ``ProcessPoolExecutor``; Ray tasks
-are ``ray.remote`` functions whose ``ObjectRef.future()`` is a ``concurrent.futures.Future``.
+``Future.result``); ``submit_call(fn, *args)`` runs any module-level function the same way
+(the shards of a data-parallel run, ``sim/fleet.py``). No home-made distribution: the pool is
+``ProcessPoolExecutor``; Ray tasks are ``ray.remote`` functions whose ``ObjectRef.future()`` is
+a ``concurrent.futures.Future``.
 
 Tasks are plain picklable dicts (``sweep.make_task``); ``run_task`` is a module-level function,
 so pool and Ray workers import it by name (Ray cluster nodes need twinserve installed).
@@ -15,11 +17,13 @@ import multiprocessing
 import os
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from engine.core.errors import UserError
 
 BACKENDS: tuple[str, ...] = ("process", "ray")
+
+T = TypeVar("T")
 
 
 def run_task(task: Mapping[str, Any]) -> dict[str, Any]:
@@ -43,6 +47,8 @@ class Backend(Protocol):
 
     def submit(self, task: Mapping[str, Any]) -> Future[dict[str, Any]]: ...
 
+    def submit_call(self, fn: Callable[..., T], *args: Any) -> Future[T]: ...
+
     def close(self) -> None: ...
 
 
@@ -57,9 +63,12 @@ class InlineBackend:
         self._fn = fn
 
     def submit(self, task: Mapping[str, Any]) -> Future[dict[str, Any]]:
-        future: Future[dict[str, Any]] = Future()
+        return self.submit_call(self._fn, task)
+
+    def submit_call(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        future: Future[T] = Future()
         try:
-            future.set_result(self._fn(task))
+            future.set_result(fn(*args))
         except BaseException as exc:  # delivered through the future, as a pool would
             future.set_exception(exc)
         return future
@@ -83,6 +92,9 @@ class PoolBackend:
 
     def submit(self, task: Mapping[str, Any]) -> Future[dict[str, Any]]:
         return self._pool.submit(run_task, dict(task))
+
+    def submit_call(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        return self._pool.submit(fn, *args)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
@@ -112,11 +124,16 @@ class RayBackend:
             ray.init(**kwargs)
             self._owned = address is None
         self.workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
-        self._remote = ray.remote(num_cpus=1)(run_task)
+        self._remotes: dict[Callable[..., Any], Any] = {}
 
     def submit(self, task: Mapping[str, Any]) -> Future[dict[str, Any]]:
-        ref = self._remote.remote(dict(task))
-        future: Future[dict[str, Any]] = ref.future()
+        return self.submit_call(run_task, dict(task))
+
+    def submit_call(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        remote = self._remotes.get(fn)
+        if remote is None:
+            remote = self._remotes[fn] = self._ray.remote(num_cpus=1)(fn)
+        future: Future[T] = remote.remote(*args).future()
         return future
 
     def close(self) -> None:
