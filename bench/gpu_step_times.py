@@ -38,24 +38,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-#: Llama-3.1-8B's config.json (the facts the model needs; weights are random).
-LLAMA_31_8B: dict[str, Any] = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
-    "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
-    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "hidden_act": "silu",
-    "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
-    "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
-    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "bos_token_id": 128000,
-    "eos_token_id": 128001,
-}
-TINY: dict[str, Any] = {
-    **LLAMA_31_8B, "vocab_size": 384, "hidden_size": 64, "intermediate_size": 128,
-    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-    "max_position_embeddings": 4096, "torch_dtype": "float32",
-    "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                     "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
-}
+# Llama-3.1-8B's config.json (random weights) and a tiny one of the same shape for --smoke
+from bench.gpu_real_smoke import LLAMA_31_8B, TINY
+
 #: The step grid, in ``--explain-step`` syntax.
 GRID = (
     "decode:1x512", "decode:8x512", "decode:32x512", "decode:64x512", "decode:128x512",

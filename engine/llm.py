@@ -34,16 +34,12 @@ from engine.core.events import EventKind
 from engine.core.hashing import TokenBlockHasher
 from engine.core.request import Request, SamplingParams
 from engine.serve.engine_loop import EngineLoop
-from engine.serve.frontend import (
-    PromptError,
-    Tokenizer,
-    generation_eos_token_ids,
-    validate_prompt,
-)
+from engine.serve.frontend import Tokenizer, generation_eos_token_ids
 from engine.serve.output_processor import OutputProcessor, RequestOutput
 from engine.worker.config import LoadFormat, WorkerConfig
 from engine.worker.executor import TorchExecutor
 from engine.worker.model_config import ModelConfig, load_model_config
+from workload.admission import PromptError, validate_prompt
 
 #: The real engine's knobs when none are given: vLLM's, but one batch in flight (the executor
 #: runs in-process and synchronously, so a second batch would only wait for the first).

@@ -29,6 +29,7 @@ from engine.core.interfaces import CostModel, StepTime
 from engine.core.outputs import BatchShape, ModelRunnerOutput, SchedulerOutput
 from engine.core.request import Request, SamplingParams
 from sim.config import SimConfig, resolve_engine_config
+from workload.admission import validate_prompt
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,12 +126,8 @@ class EmulatedEngine:
         arrival_time: float,
         priority: int = 0,
     ) -> Request:
-        if not prompt_token_ids:
-            raise UserError("the prompt is empty: it must hold at least one token")
-        bad = [t for t in prompt_token_ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise UserError(f"token id {bad[0]} is out of vocabulary "
-                            f"(vocab_size={self.vocab_size})")
+        validate_prompt(prompt_token_ids, vocab_size=self.vocab_size,
+                        max_model_len=self.engine_config.scheduler.max_model_len)
         return Request(
             req_id,
             sampling_params=params,

@@ -5,8 +5,6 @@ Responsibility: everything between text and token ids, on both ends of a request
 * ``Tokenizer`` — a checkpoint's ``tokenizer.json`` (the ``tokenizers`` package) and
   ``tokenizer_config.json`` (special tokens, ``chat_template`` rendered with a sandboxed jinja2
   environment configured as ``transformers`` does: ``trim_blocks``, ``lstrip_blocks``);
-* ``validate_prompt`` — the checks vLLM's input processor makes before a request reaches the
-  engine (non-empty, ids inside the vocabulary, no longer than ``max_model_len``);
 * ``IncrementalDetokenizer`` — new text per new token, by decoding a short window of ids and
   emitting only what is stable (nothing that ends in an incomplete UTF-8 character);
 * ``StopStringMatcher`` — finds the first stop string in the generated text; the text is cut
@@ -35,10 +33,6 @@ INITIAL_CONTEXT_TOKENS = 5
 
 class TokenizerError(UserError):
     """A tokenizer file is missing or malformed, or a chat template cannot be rendered."""
-
-
-class PromptError(UserError):
-    """A prompt the engine cannot run: empty, unknown token ids, or longer than max_model_len."""
 
 
 def _token_text(value: Any) -> str | None:
@@ -161,20 +155,6 @@ def generation_eos_token_ids(model_dir: str | Path) -> tuple[int, ...]:
     if isinstance(value, list):
         return tuple(v for v in value if isinstance(v, int))
     return ()
-
-
-def validate_prompt(token_ids: Sequence[int], *, vocab_size: int, max_model_len: int) -> None:
-    """Raise PromptError unless the prompt can run (vLLM's input-processor checks)."""
-    if not token_ids:
-        raise PromptError("the prompt is empty: it must hold at least one token")
-    if len(token_ids) > max_model_len:
-        raise PromptError(
-            f"the prompt (length {len(token_ids)}) is longer than the maximum model length "
-            f"of {max_model_len}"
-        )
-    bad = [t for t in token_ids if not 0 <= t < vocab_size]
-    if bad:
-        raise PromptError(f"token id {bad[0]} is out of vocabulary (vocab_size={vocab_size})")
 
 
 class IncrementalDetokenizer:

@@ -17,12 +17,8 @@ from dataclasses import dataclass, field
 
 from engine.core.outputs import EngineCoreOutput
 from engine.core.request import SamplingParams
-from engine.serve.frontend import (
-    IncrementalDetokenizer,
-    PromptError,
-    StopStringMatcher,
-    Tokenizer,
-)
+from engine.serve.frontend import IncrementalDetokenizer, StopStringMatcher, Tokenizer
+from workload.admission import PromptError
 
 
 @dataclass(slots=True)

@@ -19,7 +19,7 @@ from typing import Any
 
 from engine.core.errors import UserError
 from engine.core.events import EventKind
-from experiments.cli.flags import byte_size
+from experiments.cli.flags import add_run_dir_flags, byte_size
 
 #: The text whose tokens an emulated device cycles through as its outputs.
 EMULATED_OUTPUT_TEXT = (
@@ -289,16 +289,9 @@ def register(sub: Any) -> None:
                    help="emulate --model (a catalog name) on --gpu with -tp GPUs")
     g.add_argument("--gpu", help="catalog GPU (h100-sxm, h200-sxm, a100-80gb; default h100-sxm)")
     g.add_argument("--tensor-parallel-size", "-tp", type=int)
-    g.add_argument("--cost-model", help="roofline (default), fitted:PATH, fixed:SECONDS (every "
-                   "step takes that long) or zero (no time: the serving path's own latency)")
-    g = p.add_argument_group("the run directory (with --record-dir)")
-    g.add_argument("--no-plots", action="store_true", help="skip plot rendering")
-    g.add_argument("--goodput", nargs="+", metavar="KEY:MS",
-                   help="SLOs for goodput, e.g. ttft:500 tpot:50 e2el:10000 (ms)")
-    g.add_argument("--metric-percentiles", default="99",
-                   help="comma-separated percentiles to report (vllm bench's default: 99)")
-    g.add_argument("--percentile-metrics", default="ttft,tpot,itl",
-                   help="metrics to report percentiles for (ttft,tpot,itl,e2el)")
-    g.add_argument("--format", choices=["parquet", "csv"], default="parquet",
-                   help="table format in the run directory")
+    g.add_argument("--cost-model", help="auto (default: the vLLM step model where the GPU has "
+                   "measured kernel tables, else the roofline), vllm, roofline, fitted:PATH, "
+                   "fixed:SECONDS (every step takes that long) or zero (no time: the serving "
+                   "path's own latency)")
+    add_run_dir_flags(p.add_argument_group("the run directory (with --record-dir)"))
     p.set_defaults(func=_serve)

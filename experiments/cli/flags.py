@@ -156,6 +156,12 @@ def add_report_flags(p: argparse.ArgumentParser, run_kind: str = "simulate") -> 
     """The run-directory and summary flags of a command that runs (``simulate``, ``run-real``)."""
     g = p.add_argument_group("results")
     g.add_argument("--out", help=f"run directory (default runs/{run_kind}-<timestamp>)")
+    add_run_dir_flags(g)
+
+
+def add_run_dir_flags(g: argparse._ArgumentGroup) -> None:
+    """What a written run directory holds and what its summary reports (every command that
+    writes one: ``simulate``, ``run-real``, ``serve --record-dir``)."""
     g.add_argument("--no-plots", action="store_true", help="skip plot rendering")
     g.add_argument("--goodput", nargs="+", metavar="KEY:MS",
                    help="SLOs for goodput, e.g. ttft:500 tpot:50 e2el:10000 (ms)")

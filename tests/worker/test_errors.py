@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from engine.core.errors import UserError
-from engine.serve.frontend import PromptError
 from engine.worker.errors import CheckpointError, KVCacheSizeError, UnsupportedModelError
 from experiments.cli import main
+from workload.admission import PromptError
 
 Corrupt = Callable[[Path], None]
 

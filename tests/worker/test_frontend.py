@@ -13,12 +13,11 @@ from engine.core.request import SamplingParams
 from engine.llm import LLM
 from engine.serve.frontend import (
     IncrementalDetokenizer,
-    PromptError,
     StopStringMatcher,
     Tokenizer,
     TokenizerError,
-    validate_prompt,
 )
+from workload.admission import PromptError, validate_prompt
 
 MESSAGES = [
     {"role": "system", "content": "You are terse."},
