@@ -55,18 +55,20 @@ def _explain_step(cfg: Any, spec: str) -> int:
 def _shards(args: argparse.Namespace, cfg: Any) -> int:
     """How many processes the run is split over (``--shards``; 1 where it cannot be split,
     with a note saying why)."""
-    from experiments.sweep.backends import check_jobs
-
     shards: int = args.shards
     if shards < 1:
         raise UserError(f"--shards must be >= 1, got {shards}")
-    check_jobs(shards)
     if shards == 1:
         if args.backend != "process" or args.ray_address:
             raise UserError("--backend and --ray-address place the shards of a run: "
                             "give --shards N (N > 1) too")
         return 1
+    # imported only here: a one-process run does not pay for the pool's modules
+    from experiments.sweep.backends import MAX_JOBS
     from sim.fleet import why_not_shardable
+
+    if shards > MAX_JOBS:
+        raise UserError(f"--shards must be <= {MAX_JOBS}, got {shards}")
 
     why = why_not_shardable(cfg)
     if why is not None:

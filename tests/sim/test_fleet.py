@@ -188,3 +188,7 @@ def test_simulate_shards_from_the_command_line(tmp_path: Path) -> None:
     bad = _cli("simulate", "--backend", "ray", "--out", str(tmp_path / "bad"))
     assert bad.returncode != 0
     assert bad.stderr.strip().splitlines()[-1].startswith("twinserve: error: --backend")
+    for count, message in (("0", "--shards must be >= 1"), ("5000", "--shards must be <= ")):
+        wrong = _cli("simulate", "--shards", count, "--out", str(tmp_path / f"bad{count}"))
+        assert wrong.returncode != 0
+        assert wrong.stderr.strip().splitlines()[-1].startswith(f"twinserve: error: {message}")
