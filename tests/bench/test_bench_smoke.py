@@ -20,10 +20,17 @@ def test_simulator_benchmark_runs_a_shortened_vidur_stream(
     assert simulator.VIDUR_STREAM.is_file()
     assert simulator.main(["vidur-stream", "--num-prompts", "200"]) == 0
     header, row = capsys.readouterr().out.strip().splitlines()
-    assert header.split()[:2] == ["case", "wall"]
+    assert header.split()[:5] == ["case", "wall", "s", "CPU", "s"]
     fields = row.split()
     assert fields[0] == "vidur-stream"
-    assert float(fields[1]) > 0 and int(fields[6]) > 200  # wall s > 0; more steps than requests
+    assert float(fields[1]) > 0 and float(fields[2]) > 0  # wall and CPU seconds
+    assert int(fields[7]) > 200  # more steps than requests
+
+
+def test_simulator_benchmark_shards_the_fleet_case(capsys: pytest.CaptureFixture[str]) -> None:
+    assert simulator.main(["fleet", "--num-prompts", "400", "--shards", "2"]) == 0
+    row = capsys.readouterr().out.strip().splitlines()[1].split()
+    assert row[0] == "fleet" and float(row[2]) > 0
 
 
 def test_scheduler_benchmark_measures_decode_steps(capsys: pytest.CaptureFixture[str]) -> None:
