@@ -234,6 +234,18 @@ class SimRuntime:
         self._open_loop = self.workload.max_concurrency is None
         self._frontend_times: list[FrontendTimes | None] = []
         self._bound_for, self._bound = -1, 0.0  # memo of _next_send_bound (open loop)
+        # A shard: each replica's own requests (send positions) and, from each on, the earliest
+        # engine arrival among them and those after (a replica's horizon need not stop at
+        # requests sent to the others).
+        self._own_positions: list[list[int]] = []
+        self._own_arrival_min: list[list[float]] = []
+        self._own_next = [0] * len(self.replicas)
+        if shard is not None:
+            for replica in self.replicas:
+                positions = np.flatnonzero(shard.route == replica.index)
+                later_min = np.minimum.accumulate(shard.engine_arrival_s[positions][::-1])[::-1]
+                self._own_positions.append(positions.tolist())
+                self._own_arrival_min.append([*later_min.tolist(), math.inf])
         self._num_done = 0
         sched = self.engine_config.scheduler
         self._max_model_len = sched.max_model_len
@@ -533,10 +545,22 @@ class SimRuntime:
 
     def _horizon(self, replica: EngineReplica) -> float:
         """Earliest time something outside this engine could change what it sees."""
+        if self.shard is not None:  # only its own requests reach it, at planned times
+            return min(replica.next_input_s(), self._next_own_arrival(replica.index))
         h = min(replica.next_input_s(), self._next_send_bound())
         if self._to_route:
             h = min(h, self._to_route[0][0])
         return h
+
+    def _next_own_arrival(self, replica: int) -> float:
+        """Earliest engine arrival of a request not yet sent to ``replica`` (global index;
+        a shard only)."""
+        k = self._local[replica]
+        positions, p, sent = self._own_positions[k], self._own_next[k], self._next_send
+        while p < len(positions) and positions[p] < sent:
+            p += 1
+        self._own_next[k] = p
+        return self._own_arrival_min[k][p]
 
 
 def _prefix_probe(kv: KVCacheManager) -> Callable[[Request], int]:

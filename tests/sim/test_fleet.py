@@ -85,6 +85,8 @@ def _assert_same_run(cfg: SimConfig, shards: int, submit: Any) -> None:
     for key in ("num_requests", "num_rejected", "num_steps", "simulated_time_s",
                 "api_server_busy_s", "output_processor_busy_s"):
         assert getattr(s, key) == getattr(m, key), key
+    # a replica's bulk runs stop only for its own requests, wherever the others run
+    assert (s.num_bulk_steps, s.num_bulk_runs) == (m.num_bulk_steps, m.num_bulk_runs)
     assert single.reject_reasons == sharded.reject_reasons
     assert list(single.reject_reasons) == list(sharded.reject_reasons)  # send order
     # the run did what the configuration is for
@@ -97,6 +99,23 @@ def _assert_same_run(cfg: SimConfig, shards: int, submit: Any) -> None:
 @pytest.mark.parametrize("shards", [2, 3])
 def test_sharded_run_equals_single_process_run(name: str, shards: int) -> None:
     _assert_same_run(SimConfig.from_dict(CONFIGS[name]), shards, _inline)
+
+
+LIGHT = {"data_parallel_size": 3, "router": "round_robin",
+         "workload": {"num_prompts": 300, "request_rate": 30}}
+
+
+@pytest.mark.parametrize("values", [LIGHT, CONFIGS["random, rejections, sync"]],
+                         ids=["light round robin", "random, rejections, sync"])
+def test_bulk_runs_past_other_replicas_arrivals_change_nothing(values: dict[str, Any]) -> None:
+    """In a planned run a replica's bulk runs stop only for its own requests; the records
+    are those of the step-by-step run (the light load has long bulk runs between arrivals)."""
+    fast = run_simulation(SimConfig.from_dict(values))
+    slow = run_simulation(SimConfig.from_dict({**values, "fast_path": False}))
+    assert fast.stats.num_bulk_steps > 0 and slow.stats.num_bulk_steps == 0
+    a, b = build_tables(fast.event_log), build_tables(slow.event_log)
+    for table in ("requests", "steps", "token_runs"):
+        pd.testing.assert_frame_equal(getattr(a, table), getattr(b, table), check_exact=True)
 
 
 def test_the_configurations_cover_what_they_claim() -> None:
