@@ -10,10 +10,10 @@ server's own request-path segments from its run directory (in: HTTP request rece
 engine's queue; out: first token applied -> written to the client). Then the requests/s one
 API server sustains: 64 clients, one output token per request.
 
-The small load client here (``replay``, ``closed_loop``) streams completions over keep-alive
-HTTP/1.1 connections with asyncio streams (lean, because on a small machine the client shares
-the CPU with the server) and times chunks as vllm bench's client does (TTFT: the first chunk
-with choices; ITL: between chunks with choices).
+The load clients here (``replay``, ``closed_loop``) are ``twinserve bench serve``'s
+(``experiments.loadgen``): streaming completions over keep-alive HTTP/1.1 connections on asyncio
+streams (lean, because on a small machine the client shares the CPU with the server), timed as
+vllm bench's client times them (TTFT: the first chunk with choices; ITL: between such chunks).
 
 Usage: python -m bench.serve [--concurrency 1,16,64] [--requests-per-client 20]
        [--prompt-len 128] [--output-len 32] [--smoke]
@@ -29,11 +29,13 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
+
+from experiments.loadgen.client import RequestOutput, RequestSpec, send_one
+from experiments.loadgen.connection import ConnectionPool, Endpoint, clock
+from experiments.loadgen.inputs import BenchRequest
 
 
 @dataclass(slots=True)
@@ -48,111 +50,44 @@ class ClientRecord:
     completion_tokens: int = 0
     error: str | None = None
 
-
-class _Connection:
-    """One keep-alive HTTP/1.1 connection that streams completions (a lean client: on a
-    small machine the client shares the CPU with the server, and the openai SDK's parsing
-    would be measured as the server's latency)."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.host, self.port = host, port
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
-
-    async def post(self, path: str, body: bytes) -> asyncio.StreamReader:
-        if self.writer is None:
-            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
-        assert self.reader is not None
-        head = (f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: "
-                f"application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
-        self.writer.write(head + body)
-        status = await self.reader.readline()
-        if b" 200 " not in status:
-            raise RuntimeError(status.decode().strip())
-        while (await self.reader.readline()) not in (b"\r\n", b""):
-            pass  # headers (the body is chunked)
-        return self.reader
-
-    async def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
+    @staticmethod
+    def of(out: RequestOutput, t0: float) -> ClientRecord:
+        """``twinserve bench serve``'s measurement of one request, in this benchmark's terms."""
+        if not out.chunk_times:
+            return ClientRecord(out.start_time - t0, error=out.error or "no content")
+        return ClientRecord(out.start_time - t0, out.ttft, list(out.itl), out.latency,
+                            len(out.chunk_times), out.output_tokens, out.error or None)
 
 
-async def _events(reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
-    """The ``data:`` payloads of a chunked Server-Sent Events body, up to ``[DONE]``."""
-    buffer = b""
-    while True:
-        size = int((await reader.readline()).strip(), 16)
-        data = await reader.readexactly(size + 2)
-        if size == 0:
-            return
-        buffer += data[:-2]
-        while b"\n\n" in buffer:
-            event, buffer = buffer.split(b"\n\n", 1)
-            payload = event.removeprefix(b"data: ")
-            if payload == b"[DONE]":
-                continue
-            yield payload
-
-
-async def _one(conn: _Connection, prompt: list[int], max_tokens: int,
-               t0: float) -> ClientRecord:
-    start = time.perf_counter()
-    rec = ClientRecord(start - t0)
-    last = start
-    body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "stream": True,
-                       "temperature": 0.0, "ignore_eos": True,
-                       "stream_options": {"include_usage": True}}).encode()
-    try:
-        reader = await conn.post("/v1/completions", body)
-        async for payload in _events(reader):
-            now = time.perf_counter()
-            chunk = json.loads(payload)
-            if chunk.get("choices"):
-                if rec.num_chunks == 0:
-                    rec.ttft_s = now - start
-                else:
-                    rec.itls_s.append(now - last)
-                rec.num_chunks += 1
-                last = now
-            elif chunk.get("usage"):
-                rec.completion_tokens = chunk["usage"]["completion_tokens"]
-            elif "error" in chunk:
-                rec.error = str(chunk["error"])
-        rec.latency_s = last - start
-    except (OSError, RuntimeError, ValueError, asyncio.IncompleteReadError) as exc:
-        rec.error = f"{type(exc).__name__}: {exc}"
-        await conn.close()
-        conn.writer = None
-    return rec
-
-
-def _address(base_url: str) -> tuple[str, int]:
-    parts = urlsplit(base_url)
-    assert parts.hostname is not None and parts.port is not None
-    return parts.hostname, parts.port
+def _spec(base_url: str) -> RequestSpec:
+    """Streaming greedy completions with ``ignore_eos`` (the ``/v1`` suffix is the API's)."""
+    root = base_url.rstrip("/").removesuffix("/v1")
+    return RequestSpec(Endpoint.parse(root), "/v1/completions", "completions", None,
+                       ignore_eos=True, extra_body={"temperature": 0.0})
 
 
 def replay(base_url: str, prompts: Sequence[list[int]], max_tokens: Sequence[int],
            send_times_s: Sequence[float]) -> list[ClientRecord]:
-    """Send request i at ``send_times_s[i]`` (open loop, one connection each); one record per
-    request, in order."""
-    host, port = _address(base_url)
+    """Send request i at ``send_times_s[i]`` (open loop, keep-alive connections as they
+    free up); one record per request, in order."""
+    spec = _spec(base_url)
 
     async def run() -> list[ClientRecord]:
-        t0 = time.perf_counter()
+        pool = ConnectionPool(spec.endpoint)
+        t0 = clock()
 
         async def at(i: int) -> ClientRecord:
-            delay = send_times_s[i] - (time.perf_counter() - t0)
+            delay = send_times_s[i] - (clock() - t0)
             if delay > 0:
                 await asyncio.sleep(delay)
-            conn = _Connection(host, port)
-            try:
-                return await _one(conn, prompts[i], max_tokens[i], t0)
-            finally:
-                await conn.close()
+            request = BenchRequest(i, f"replay-{i}", prompts[i], len(prompts[i]),
+                                   max_tokens[i], send_times_s[i])
+            return ClientRecord.of(await send_one(pool, spec, request, None), t0)
 
-        return list(await asyncio.gather(*(at(i) for i in range(len(prompts)))))
+        try:
+            return list(await asyncio.gather(*(at(i) for i in range(len(prompts)))))
+        finally:
+            await pool.close()
 
     return asyncio.run(run())
 
@@ -161,24 +96,25 @@ def closed_loop(base_url: str, concurrency: int, requests_per_client: int, promp
                 output_len: int) -> tuple[list[ClientRecord], float]:
     """``concurrency`` clients, each sending requests back to back on its own keep-alive
     connection; (records, wall seconds)."""
-    host, port = _address(base_url)
+    spec = _spec(base_url)
 
     async def run() -> tuple[list[ClientRecord], float]:
-        t0 = time.perf_counter()
+        t0 = clock()
 
         async def worker(w: int) -> list[ClientRecord]:
-            conn = _Connection(host, port)
+            pool = ConnectionPool(spec.endpoint)  # one connection per client
             out = []
             try:
                 for k in range(requests_per_client):
                     prompt = [100 + (w * 7919 + k * 31 + j) % 5000 for j in range(prompt_len)]
-                    out.append(await _one(conn, prompt, output_len, t0))
+                    request = BenchRequest(k, f"c{w}-{k}", prompt, prompt_len, output_len, 0.0)
+                    out.append(ClientRecord.of(await send_one(pool, spec, request, None), t0))
             finally:
-                await conn.close()
+                await pool.close()
             return out
 
         nested = await asyncio.gather(*(worker(w) for w in range(concurrency)))
-        return [r for rs in nested for r in rs], time.perf_counter() - t0
+        return [r for rs in nested for r in rs], clock() - t0
 
     return asyncio.run(run())
 

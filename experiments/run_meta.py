@@ -1,8 +1,10 @@
 """The metadata of a run (``reports.meta.RunMeta``, ``config.json``): one builder per world.
 
 ``simulated_run_meta`` describes a ``sim.runtime.SimResult``, ``measured_run_meta`` a run of the
-real engine (``engine.serve.real_run``); the CLI commands, the sweeps and the validation all
-call these, so the same kind of run is always described the same way. Both fill one record:
+real engine (``engine.serve.real_run``), ``served_run_meta`` a ``twinserve serve`` run and
+``bench_run_meta`` a benchmark's client (``twinserve bench serve``); the CLI commands, the
+sweeps and the validation all call these, so the same kind of run is always described the same
+way. All fill one record:
 the run's span on its own clock is ``stats.duration_s`` in either world.
 """
 
@@ -152,4 +154,35 @@ def served_run_meta(
         reject_reasons={},
         provenance=provenance(),
         notes={"mode": mode, "backend": "twinserve-serve"},
+    )
+
+
+def bench_run_meta(
+    *,
+    client: dict[str, Any],
+    workload_cfg: WorkloadConfig,
+    workload: Workload,
+    model_id: str,
+    num_failed: int,
+    duration_s: float,
+    label: str | None = None,
+) -> RunMeta:
+    """A benchmark run by ``twinserve bench serve``: the client's settings and the workload
+    config it sent (``config.workload``, what ``twinserve simulate`` takes to simulate the
+    identical stream). The server is not known here: its engine config and device are filled
+    in when the run is joined with its records."""
+    return RunMeta(
+        kind="real",
+        config={"bench": client, "workload": dataclasses.asdict(workload_cfg)},
+        engine_config={},
+        model_id=model_id,
+        num_api_servers=1,
+        seed=workload_cfg.seed,
+        workload=workload_summary(workload),
+        stats=RunStats(num_requests=len(workload), num_rejected=num_failed, num_steps=0,
+                       duration_s=duration_s, wall_time_s=duration_s),
+        reject_reasons={},
+        provenance=provenance(),
+        label=label,
+        notes={"mode": "bench-serve", "backend": str(client.get("backend", "openai"))},
     )

@@ -66,6 +66,11 @@ FLAG_FIELDS: dict[str, tuple[str | None, str]] = {
     "prefix_repetition_num_prefixes": ("workload", "prefix_repetition_num_prefixes"),
     "prefix_repetition_output_len": ("workload", "prefix_repetition_output_len"),
     "trace_time_scale": ("workload", "trace_time_scale"),
+    "tokenizer": ("workload", "tokenizer"),
+    "sharegpt_output_len": ("workload", "sharegpt_output_len"),
+    "ramp_up_strategy": ("workload", "ramp_up_strategy"),
+    "ramp_up_start_rps": ("workload", "ramp_up_start_rps"),
+    "ramp_up_end_rps": ("workload", "ramp_up_end_rps"),
 }
 
 #: The embedded default run of ``twinserve simulate`` with no arguments.
@@ -96,11 +101,13 @@ def workload_dict_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 def _implied_datasets(work: dict[str, Any]) -> list[str]:
     """Datasets whose own keys the workload sets: a file implies a trace, random_* keys the
-    random dataset, prefix_repetition_* keys prefix_repetition (so such flags are never
+    random dataset, prefix_repetition_* keys prefix_repetition, a ``.json`` file the sharegpt
+    dataset (so such flags are never
     silently ignored in favour of the default trace)."""
     implied = []
     if "dataset_path" in work:
-        implied.append("trace")
+        path = str(work["dataset_path"])
+        implied.append("sharegpt" if path.endswith(".json") else "trace")
     if any(k.startswith("random_") for k in work):
         implied.append("random")
     if any(k.startswith("prefix_repetition_") for k in work):

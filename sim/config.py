@@ -55,6 +55,10 @@ class FrontendConfig:
     the engine core's own scheduling CPU ≈ 9 µs per scheduled request (of the order of vLLM
     0.33.0's scheduler; see docs/simulator.md for what was measured).
 
+    ``first_output_overhead_s`` is what a request's first output costs the output path beyond
+    a later one's (its response's first chunk); 0 by default, ``twinserve validate`` measures
+    it on the served path.
+
     ``idle_wakeup_s`` is extra time of the first model step after the engine loop had nothing
     to do (caches gone cold, clocks lowered while it slept); an idle period shorter than
     ``idle_wakeup_ramp_s`` pays it pro rata (0: any idle period pays all of it). Both are 0 by
@@ -67,6 +71,7 @@ class FrontendConfig:
     ipc_latency_s: float = 5e-5  # front end <-> engine core, per message
     detokenize_s_per_token: float = 2e-6  # output processor, per generated token
     output_batch_overhead_s: float = 3e-5  # output processor, per engine step's outputs
+    first_output_overhead_s: float = 0.0  # output processor, per request's first output
     network_latency_s: float = 0.0  # client <-> server, one way
     schedule_overhead_s: float = 5e-5  # engine core CPU per step: schedule() base cost
     schedule_s_per_request: float = 9e-6  # ... plus this per scheduled request

@@ -74,6 +74,9 @@ class EngineReplica:
         self.num_bulk_steps = 0
         self.num_bulk_runs = 0
         self._wakeup_s = 0.0  # extra time owed by the next step (the loop just woke up)
+        # requests whose first output went through the output processor (it pays
+        # FrontendConfig.first_output_overhead_s for each one once); finished ones leave
+        self._started: set[str] = set()
         self._last_cost_s = 0.0  # the last bulk step's duration (to size the next run's shapes)
 
     # -- inputs ---------------------------------------------------------------------------------
@@ -156,10 +159,19 @@ class EngineReplica:
     def _deliver(self, step_id: int, update_s: float, outputs: list[EngineCoreOutput]) -> None:
         if not outputs:
             return
-        delivered = self.out.process(update_s, sum(len(o.new_token_ids) for o in outputs))
+        started = self._started
+        num_first = 0
+        for o in outputs:
+            if o.new_token_ids and o.req_id not in started:
+                started.add(o.req_id)
+                num_first += 1
+        delivered = self.out.process(
+            update_s, sum(len(o.new_token_ids) for o in outputs), num_first
+        )
         self.log.record_delivery(step_id, delivered)
         for o in outputs:
             if o.finish_reason is not None:
+                started.discard(o.req_id)
                 self.log.record(o.req_id, EventKind.DELIVERED, delivered)
                 self._on_request_done(o.req_id, delivered)
 
@@ -183,16 +195,26 @@ class EngineReplica:
         updates: list[float] = []
         costs: list[float] = []
         tokens: list[int] = []  # tokens each applied step delivers
+        firsts: list[int] = []  # of which requests' first outputs
         is_async = run.is_async
         t = now
         prev_id = -1
         prev_start = prev_end = prev_cost = 0.0
         prev_tokens = 0
+        prev_firsts = 0
+        prev_new: list[str] = []  # the in-flight step's requests that sample a first token
         if is_async:
             prev = core.oldest_in_flight()
             prev_id = prev.step_id
             prev_start, prev_end, prev_cost = self._pending[prev_id]
             prev_tokens = len(prev.num_scheduled_tokens) - len(prev.partial_prefill_req_ids)
+            partial, started = prev.partial_prefill_req_ids, self._started
+            prev_new = [r for r in prev.num_scheduled_tokens
+                        if r not in partial and r not in started]
+            prev_firsts = len(prev_new)
+        # decoders that have not had an output yet (e.g. a one-token prompt): their first
+        # iteration samples their first token
+        fresh = self._fresh_decoders(run, prev_new)
         decoding, context_sum = run.decoding, run.context_sum
         num_prefill = run.num_prefill_iterations
         finish_iters = run.finish_iters
@@ -212,9 +234,14 @@ class EngineReplica:
                     break
             n = decoding[k]
             host = launch = 0.0
+            first = len(fresh) if k == 0 else 0  # first tokens this iteration samples
             if k < num_prefill:  # a prefill chunk too: the full model
                 t1 = t + (sched_base + per_req * (n + 1))  # the step-by-step path's sum
                 sampling = run.num_sampling(k)
+                # the prefiller's last chunk samples its first token (unless it is a request
+                # resumed after a preemption, which had its first output before)
+                if sampling > n and run.requests[run.prefill_index].req_id not in self._started:
+                    first += sampling - n
                 step = executor.shape_time(run.batch_shape(k))
                 cost, host, launch = step.total_s, step.host_s, step.launch_s
             else:
@@ -234,10 +261,12 @@ class EngineReplica:
                 ends.append(prev_end)
                 costs.append(prev_cost)
                 tokens.append(prev_tokens)
+                firsts.append(prev_firsts)
                 # the GPU takes the new batch as soon as it is launched and free
                 start = ready if ready > prev_end else prev_end
                 prev_start, prev_end, prev_cost = start, start + cost, cost
                 prev_tokens = sampling
+                prev_firsts = first
             else:
                 end = ready + cost
                 update = end if end > cpu_free else cpu_free
@@ -245,6 +274,7 @@ class EngineReplica:
                 ends.append(end)
                 costs.append(cost)
                 tokens.append(sampling)
+                firsts.append(first)
             updates.append(update)
             t = update + c_update
             if self.closed_loop:
@@ -254,7 +284,7 @@ class EngineReplica:
                     finished = True
                 if finished:
                     # a freed client slot may send a request: stop at its delivery
-                    planned = self.out.plan(updates, tokens)
+                    planned = self.out.plan(updates, tokens, firsts)
                     horizon = min(horizon, planned[-1])
             k += 1
         if k < MIN_BULK_ITERATIONS:
@@ -271,15 +301,22 @@ class EngineReplica:
             self._gpu_free_s = prev_end
         else:
             self._gpu_free_s = ends[-1]
-        self._record_bulk(run, applied, updates, tokens)
+        self._record_bulk(run, applied, updates, tokens, firsts, [*prev_new, *fresh])
         self.num_bulk_steps += k
         self.num_bulk_runs += 1
         return t
 
     def _record_bulk(
-        self, run: BulkRun, applied: AppliedRun, updates: list[float], tokens: list[int]
+        self,
+        run: BulkRun,
+        applied: AppliedRun,
+        updates: list[float],
+        tokens: list[int],
+        firsts: list[int],
+        new: list[str],
     ) -> None:
-        """Deliveries, finishes and router reports of a bulk-applied run."""
+        """Deliveries, finishes and router reports of a bulk-applied run (``new``: the
+        requests whose first token the run's first delivered step carries)."""
         sched = self.core.scheduler
         if self.report_state:
             usable = sched.kv_cache_manager.block_pool.num_gpu_blocks - 1
@@ -289,9 +326,10 @@ class EngineReplica:
             ):
                 self._reports.append((u, running, waiting, 1.0 - free / usable))
         first = applied.applied_step_ids.start
-        step_ids, delivered = self.out.deliver_steps(first, updates, tokens)
+        step_ids, delivered = self.out.deliver_steps(first, updates, tokens, firsts)
         log = self.log
         log.record_deliveries(step_ids, delivered)
+        self._mark_started(run, applied, new)
         if not step_ids:
             return
         requests, order, iters = run.requests, run.finish_order, run.finish_iters
@@ -304,5 +342,25 @@ class EngineReplica:
                 j += 1
             d = delivered[j]  # a finishing step always delivers its last token
             req_id = requests[order[pos]].req_id
+            self._started.discard(req_id)
             log.record(req_id, EventKind.DELIVERED, d)
             self._on_request_done(req_id, d)
+
+    def _fresh_decoders(self, run: BulkRun, prev_new: list[str]) -> list[str]:
+        """The run's decoders (the prefiller aside) with no output delivered or in flight."""
+        started, in_flight = self._started, set(prev_new)
+        return [r.req_id for i, r in enumerate(run.requests)
+                if i != run.prefill_index and r.req_id not in started
+                and r.req_id not in in_flight]
+
+    def _mark_started(self, run: BulkRun, applied: AppliedRun, new: list[str]) -> None:
+        """The requests whose first output the bulk run delivered: ``new`` (the in-flight
+        step's and the fresh decoders') and the prefiller, when the step of its last chunk was
+        applied and delivered (under async scheduling the run's last step is still in flight:
+        the step path delivers it)."""
+        started = self._started
+        delivered_iters = applied.num_iterations - (1 if run.is_async else 0)
+        if delivered_iters > 0 or run.is_async:
+            started.update(new)
+        if run.prefill_index >= 0 and 0 <= run.prefill_done_iteration < delivered_iters:
+            started.add(run.requests[run.prefill_index].req_id)

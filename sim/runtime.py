@@ -32,7 +32,7 @@ import math
 import sys
 import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -170,7 +170,13 @@ class SimRuntime:
         cost_model: CostModel | None = None,
         progress: Callable[[int, int, float], None] | None = None,
         shard: Shard | None = None,
+        request_frontend_s: Sequence[float] | None = None,
     ) -> None:
+        """``request_frontend_s``: each request's front-end time (API-server CPU), replacing
+        the front-end config's cost model — a replay of measured requests (such a run is not
+        planned as a shard: the plan prices the front end with the config's model)."""
+        if shard is not None and request_frontend_s is not None:
+            raise ValueError("a shard's front-end times are planned: no request_frontend_s")
         self.cfg = cfg
         self.engine_config = resolve_engine_config(cfg)
         self.workload = workload if workload is not None else build_workload(cfg.workload)
@@ -182,7 +188,8 @@ class SimRuntime:
         routed = cfg.data_parallel_size > 1
         state_router = routed and cfg.router in STATE_ROUTERS
         open_loop = self.workload.max_concurrency is None
-        if shard is None and routed and not state_router and open_loop:
+        if (shard is None and routed and not state_router and open_loop
+                and request_frontend_s is None):
             # every request's replica is known up front: the whole run is one shard
             shard = plan_shards(
                 self.workload, cfg.frontend, self.engine_config.scheduler.max_model_len,
@@ -214,6 +221,9 @@ class SimRuntime:
         self._order: np.ndarray | None = shard.requests if shard is not None else None
         self._num_to_send = len(self.workload) if shard is None else len(shard.requests)
         self.api = APIServerPool(cfg.frontend)
+        if request_frontend_s is not None and len(request_frontend_s) != len(self.workload):
+            raise ValueError("request_frontend_s needs one value per request")
+        self._request_frontend_s = request_frontend_s
         self.env = simpy.Environment()
         self.stats = SimStats(num_requests=len(self.workload))
         self.reject_reasons: dict[str, str] = {}
@@ -363,7 +373,7 @@ class SimRuntime:
             return self._shard_times(pos)
         if not self._open_loop:
             return self.api.admit(send_s + self.cfg.frontend.network_latency_s,
-                                  int(self.workload.prompt_lens[i]))
+                                  int(self.workload.prompt_lens[i]), self._frontend_cost(i))
         self._admit_ahead(i)
         times = self._frontend_times[i]
         assert times is not None
@@ -384,7 +394,13 @@ class SimRuntime:
                 cached.append(None)
                 continue
             send = float(self.workload.send_time_s[j]) + self.cfg.frontend.network_latency_s
-            cached.append(self.api.admit(send, int(self.workload.prompt_lens[j])))
+            cached.append(self.api.admit(send, int(self.workload.prompt_lens[j]),
+                                         self._frontend_cost(j)))
+
+    def _frontend_cost(self, i: int) -> float | None:
+        """Request ``i``'s replayed front-end time, if the run replays them."""
+        costs = self._request_frontend_s
+        return None if costs is None else float(costs[i])
 
     def _rejects(self, i: int) -> bool:
         w = self.workload

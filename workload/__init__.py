@@ -1,17 +1,20 @@
 """Workloads: the request streams both worlds serve, built the same way for each.
 
-A simulation (``sim``) and a measured run (``twinserve run-real``) take their requests from
-here, so a simulated-vs-measured comparison serves the very same stream. The package depends on
-the standard library, numpy, and two leaf modules of the core — ``engine.core.errors`` (bad input
-is a ``UserError``) and ``engine.core.config`` (the typed-field checks every config shares) —
-never on ``sim``, ``engine.worker`` or ``engine.serve``.
+A simulation (``sim``), a measured run (``twinserve run-real``) and a benchmark of a server
+(``twinserve bench serve``) take their requests from here, so a simulated-vs-measured comparison
+serves the very same stream. The package depends on the standard library, numpy, two leaf
+modules of the core — ``engine.core.errors`` (bad input is a ``UserError``) and
+``engine.core.config`` (the typed-field checks every config shares) — and, only when a ShareGPT
+file is read, the ``tokenizers`` library that counts its tokens; never on ``sim``,
+``engine.worker`` or ``engine.serve``.
 
 ==============  =======================================================================
 ``config``      ``WorkloadConfig``: everything that determines a workload (with its seed)
 ``stream``      ``Workload``: a request stream as columns, in send order
 ``build``       ``build_workload(cfg)``: the datasets ``random``, ``prefix_repetition``,
-                ``trace``
-``arrivals``    vllm bench's synthetic arrival process
+                ``trace``, ``sharegpt``
+``arrivals``    vllm bench's synthetic arrival process and its ramp-up
+``sharegpt``    ShareGPT-format conversation files (vllm bench's sampling of them)
 ``lengths``     seeded prompt/output lengths
 ``traces``      trace files (Vidur stream CSV, Azure 2023 CSV, Mooncake JSONL) and the
                 shipped ones (``data/traces``)

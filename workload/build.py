@@ -8,6 +8,9 @@ Datasets (names and flags mirror ``vllm bench serve``):
   does (``workload.lengths``).
 * ``prefix_repetition`` — ``num_prefixes`` distinct prefixes, ``num_prompts // num_prefixes``
   requests each (prefix + unique suffix), shuffled with the seed.
+* ``sharegpt`` — a ShareGPT-format JSON file of conversations (``workload.sharegpt``): the
+  first turn is the prompt (its text is kept in ``extra["prompt_texts"]``, what a served run
+  sends), token counts come from ``tokenizer``; arrivals are synthetic.
 * ``trace`` — a file (``workload.traces``): a request-stream CSV ``arrived_at,
   num_prefill_tokens, num_decode_tokens`` (Vidur's format, seconds), an Azure LLM 2023 CSV
   ``TIMESTAMP, ContextTokens, GeneratedTokens``, or a Mooncake JSONL (``timestamp`` ms,
@@ -16,7 +19,7 @@ Datasets (names and flags mirror ``vllm bench serve``):
   (optionally sped up by ``trace_time_scale``) unless a ``request_rate`` is given, in which
   case the trace only supplies lengths (sampled with the seed) and arrivals are synthetic.
 
-Synthetic arrivals are vllm bench's gamma process (``workload.arrivals``).
+Synthetic arrivals are vllm bench's gamma process, or its ramp-up (``workload.arrivals``).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import math
 
 import numpy as np
 
-from workload.arrivals import synthetic_send_times
+from workload.arrivals import ramp_up_send_times, synthetic_send_times
 from workload.config import MAX_SPAN_S, WorkloadConfig
 from workload.errors import WorkloadError
 from workload.lengths import uniform_lengths
@@ -40,6 +43,8 @@ def build_workload(cfg: WorkloadConfig) -> Workload:
             w = _random(cfg)
         elif cfg.dataset_name == "prefix_repetition":
             w = _prefix_repetition(cfg)
+        elif cfg.dataset_name == "sharegpt":
+            w = _sharegpt(cfg)
         else:
             w = _trace(cfg)
     send = w.send_time_s
@@ -58,6 +63,16 @@ def build_workload(cfg: WorkloadConfig) -> Workload:
     return w
 
 
+def send_times(cfg: WorkloadConfig, n: int) -> np.ndarray:
+    """Synthetic send times of ``n`` requests: the gamma process at ``request_rate``, or the
+    ramp-up when one is configured."""
+    if cfg.ramp_up_strategy is not None:
+        assert cfg.ramp_up_start_rps is not None and cfg.ramp_up_end_rps is not None
+        return ramp_up_send_times(n, cfg.ramp_up_strategy, cfg.ramp_up_start_rps,
+                                  cfg.ramp_up_end_rps, cfg.burstiness, cfg.seed)
+    return synthetic_send_times(n, cfg.request_rate, cfg.burstiness, cfg.seed)
+
+
 def _replace(w: Workload, **changes: object) -> Workload:
     fields_ = {name: getattr(w, name) for name in Workload.__dataclass_fields__}
     fields_.update(changes)
@@ -71,7 +86,7 @@ def _random(cfg: WorkloadConfig) -> Workload:
     output_lens = uniform_lengths(rng, n, cfg.random_output_len, cfg.random_range_ratio)
     prefix = cfg.random_prefix_len
     return Workload(
-        send_time_s=synthetic_send_times(n, cfg.request_rate, cfg.burstiness, cfg.seed),
+        send_time_s=send_times(cfg, n),
         prompt_lens=input_lens + prefix,
         output_lens=output_lens,
         priorities=np.zeros(n, dtype=np.int64),
@@ -94,7 +109,7 @@ def _prefix_repetition(cfg: WorkloadConfig) -> Workload:
     np.random.default_rng(cfg.seed).shuffle(ids)
     prompt = cfg.prefix_repetition_prefix_len + cfg.prefix_repetition_suffix_len
     return Workload(
-        send_time_s=synthetic_send_times(n, cfg.request_rate, cfg.burstiness, cfg.seed),
+        send_time_s=send_times(cfg, n),
         prompt_lens=np.full(n, prompt, dtype=np.int64),
         output_lens=np.full(n, cfg.prefix_repetition_output_len, dtype=np.int64),
         priorities=np.zeros(n, dtype=np.int64),
@@ -116,11 +131,12 @@ def _trace(cfg: WorkloadConfig) -> Workload:
     rows = load_trace(cfg.dataset_path)
     total = len(rows.prompt_lens)
     n = cfg.num_prompts
-    if cfg.trace_rate_given:
+    if cfg.trace_rate_given or cfg.ramp_up_strategy is not None:
         rng = np.random.default_rng(cfg.seed)
         idx = rng.choice(total, size=n, replace=n > total)
-        send = synthetic_send_times(n, cfg.request_rate, cfg.burstiness, cfg.seed)
-        timing = f"synthetic arrivals at {cfg.request_rate} req/s"
+        send = send_times(cfg, n)
+        timing = (f"synthetic arrivals at {cfg.request_rate} req/s"
+                  if cfg.ramp_up_strategy is None else f"a {cfg.ramp_up_strategy} ramp-up")
     else:
         n = min(n, total)
         idx = np.arange(n)
@@ -141,4 +157,26 @@ def _trace(cfg: WorkloadConfig) -> Workload:
         hash_ids=hash_ids,
         request_rate=cfg.request_rate if cfg.trace_rate_given else math.nan,
         burstiness=cfg.burstiness,
+    )
+
+
+def _sharegpt(cfg: WorkloadConfig) -> Workload:
+    from workload.sharegpt import load_sharegpt
+
+    assert cfg.dataset_path is not None and cfg.tokenizer is not None
+    rows = load_sharegpt(cfg.dataset_path, cfg.tokenizer, cfg.num_prompts, cfg.seed,
+                         cfg.sharegpt_output_len)
+    n = len(rows.prompts)
+    return Workload(
+        send_time_s=send_times(cfg, n),
+        prompt_lens=rows.prompt_lens,
+        output_lens=rows.output_lens,
+        priorities=np.zeros(n, dtype=np.int64),
+        shared_prefix_ids=np.full(n, -1, dtype=np.int64),
+        shared_prefix_lens=np.zeros(n, dtype=np.int64),
+        max_concurrency=cfg.max_concurrency,
+        source=f"sharegpt: {cfg.dataset_path} ({n} conversations, tokens of {cfg.tokenizer})",
+        request_rate=cfg.request_rate,
+        burstiness=cfg.burstiness,
+        extra={"prompt_texts": rows.prompts},
     )

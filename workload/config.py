@@ -8,14 +8,17 @@ checked in ``__post_init__`` and a bad one is a ``WorkloadError`` naming the fie
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
 from engine.core.config import INFINITE_OK
+from workload.arrivals import RAMP_UP_STRATEGIES
 from workload.errors import WorkloadError
 from workload.traces import TRACES
 
-DatasetName = Literal["random", "prefix_repetition", "trace"]
+DatasetName = Literal["random", "prefix_repetition", "trace", "sharegpt"]
+DATASETS: tuple[str, ...] = ("random", "prefix_repetition", "trace", "sharegpt")
 #: Bounds beyond which a workload cannot be held (numpy int64 lengths; memory per request).
 MAX_PROMPTS = 100_000_000
 MAX_TOKENS = 2**40
@@ -46,10 +49,17 @@ class WorkloadConfig:
     prefix_repetition_suffix_len: int = 256
     prefix_repetition_num_prefixes: int = 10
     prefix_repetition_output_len: int = 128
-    # trace
+    # trace, sharegpt
     dataset_path: str | None = None  # a file, or a built-in trace name (see TRACES)
     trace_time_scale: float = 1.0  # >1 replays the trace faster (arrival times divided by it)
     trace_rate_given: bool = False  # True: use request_rate for arrivals, trace for lengths
+    # sharegpt: the tokenizer that counts prompt and completion tokens, and a fixed output length
+    tokenizer: str | None = None  # a directory holding tokenizer.json
+    sharegpt_output_len: int | None = None  # None: the completion's own token count
+    # ramp-up (vllm bench's --ramp-up-*): each request's rate moves from start to end
+    ramp_up_strategy: str | None = None  # None, "linear" or "exponential"
+    ramp_up_start_rps: float | None = None
+    ramp_up_end_rps: float | None = None
     # request classes: ((priority, fraction), ...); empty = everyone priority 0
     priority_mix: tuple[tuple[int, float], ...] = ()
 
@@ -57,10 +67,8 @@ class WorkloadConfig:
         def bad(msg: str) -> None:
             raise WorkloadError(msg)
 
-        if self.dataset_name not in ("random", "prefix_repetition", "trace"):
-            bad(
-                f"unknown dataset {self.dataset_name!r}; valid: random, prefix_repetition, trace"
-            )
+        if self.dataset_name not in DATASETS:
+            bad(f"unknown dataset {self.dataset_name!r}; valid: {', '.join(DATASETS)}")
         if self.num_prompts < 1:
             bad(f"num_prompts must be >= 1, got {self.num_prompts}")
         if self.num_prompts > MAX_PROMPTS:
@@ -106,16 +114,45 @@ class WorkloadConfig:
             or self.prefix_repetition_output_len < 1
         ):
             bad("prefix_repetition lengths must give prompts and outputs of >= 1 token")
-        if self.dataset_name != "trace" and self.dataset_path:
+        if self.dataset_name not in ("trace", "sharegpt") and self.dataset_path:
             bad(
-                f"dataset_path is only used with dataset 'trace' "
+                f"dataset_path is only used with datasets 'trace' and 'sharegpt' "
                 f"(dataset is {self.dataset_name!r})"
             )
         if self.dataset_name == "trace" and not self.dataset_path:
             bad(f"dataset 'trace' needs dataset_path (a file or one of {', '.join(TRACES)})")
+        self._check_sharegpt(bad)
+        self._check_ramp_up(bad)
         if not self.trace_time_scale > 0:
             bad(f"trace_time_scale must be > 0, got {self.trace_time_scale}")
         if self.priority_mix:
             total = sum(f for _, f in self.priority_mix)
             if any(f < 0 for _, f in self.priority_mix) or not math.isclose(total, 1.0):
                 bad(f"priority_mix fractions must be >= 0 and sum to 1, got {self.priority_mix}")
+
+    def _check_sharegpt(self, bad: Callable[[str], None]) -> None:
+        if self.dataset_name == "sharegpt" and not (self.dataset_path and self.tokenizer):
+            bad("dataset 'sharegpt' needs dataset_path (a ShareGPT JSON file) and tokenizer "
+                "(a directory holding tokenizer.json, which counts its tokens)")
+        if self.sharegpt_output_len is not None and self.sharegpt_output_len < 1:
+            bad(f"sharegpt_output_len must be >= 1, got {self.sharegpt_output_len}")
+
+    def _check_ramp_up(self, bad: Callable[[str], None]) -> None:
+        """vllm bench's rules: a strategy, both rates, 0 < start <= end, no request_rate."""
+        given = (self.ramp_up_start_rps, self.ramp_up_end_rps)
+        if self.ramp_up_strategy is None:
+            if any(v is not None for v in given):
+                bad("ramp_up_start_rps and ramp_up_end_rps need ramp_up_strategy")
+            return
+        if self.ramp_up_strategy not in RAMP_UP_STRATEGIES:
+            bad(f"unknown ramp_up_strategy {self.ramp_up_strategy!r}; valid: "
+                f"{', '.join(RAMP_UP_STRATEGIES)}")
+        start, end = given
+        if start is None or end is None:
+            bad("ramp_up_strategy needs both ramp_up_start_rps and ramp_up_end_rps")
+            return
+        if not (0 < start <= end < math.inf):
+            bad(f"ramp-up rates need 0 < start <= end (finite), got {start} and {end}")
+        if not math.isinf(self.request_rate):
+            bad("with a ramp-up the rate comes from ramp_up_start_rps/ramp_up_end_rps: do not "
+                "give request_rate")

@@ -61,14 +61,18 @@ class APIServerRecord:
     step_processed_s: dict[tuple[int, int], float] = field(default_factory=dict)
     #: (engine index, step id) -> when the step's last token reached a client of this server
     step_delivered_s: dict[tuple[int, int], float] = field(default_factory=dict)
+    #: the run clock's origin (``CLOCK_MONOTONIC`` seconds): a client on the same host puts its
+    #: own monotonic readings on the run's clock by subtracting it
+    clock_origin_s: float | None = None
 
 
 class StageRecorder:
     """An API server's recorder; records nothing unless ``enabled``."""
 
-    def __init__(self, client_index: int, enabled: bool) -> None:
+    def __init__(self, client_index: int, enabled: bool,
+                 clock_origin_s: float | None = None) -> None:
         self.enabled = enabled
-        self.record = APIServerRecord(client_index)
+        self.record = APIServerRecord(client_index, clock_origin_s=clock_origin_s)
 
     def event(
         self, req_id: str, kind: EventKind, time_s: float, payload: int | str | None = None

@@ -32,7 +32,7 @@ EMULATED_TOKENIZER_VOCAB = 512
 
 #: Engine flags of the real engine only / of the emulated one only (dest names).
 REAL_ONLY = ("dtype", "device", "kv_cache_memory", "load_format", "attention_backend",
-             "cpu_threads")
+             "cpu_threads", "engine_cpus", "profile_out", "profile_grid", "step_shapes_out")
 EMULATED_ONLY = ("gpu", "tensor_parallel_size", "cost_model")
 
 
@@ -110,6 +110,37 @@ def _engine_args(args: argparse.Namespace) -> Any:
                                   **{k: v for k, v in given.items() if v is not None})
 
 
+def _cpu_list(text: str) -> tuple[int, ...]:
+    """``0``, ``0,2`` or ``0-3`` → CPU numbers."""
+    cpus: list[int] = []
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.strip().partition("-")
+            cpus += list(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected CPU numbers like 0, 0,2 or 0-3, got {text!r}") from None
+    return tuple(sorted(set(cpus)))
+
+
+def _real_factory(args: argparse.Namespace, engine_args: Any, threads: int) -> Any:
+    """The checkpoint's engine; profiled in place, recorded step by step or pinned when asked
+    (``twinserve validate`` asks: ``experiments.validation.served_engine``)."""
+    from experiments.serve.engines import RealEngineFactory
+
+    if not (args.profile_out or args.step_shapes_out or args.engine_cpus):
+        return RealEngineFactory(engine_args, threads)
+    from experiments.validation.served_engine import ProfiledEngineFactory, ProfileRequest
+
+    if args.engine_cpus and not set(args.engine_cpus) <= os.sched_getaffinity(0):
+        raise UserError(f"--engine-cpus {','.join(map(str, args.engine_cpus))}: this process "
+                        f"may run on CPUs {sorted(os.sched_getaffinity(0))} only")
+    profile = (ProfileRequest(args.profile_out, args.profile_grid or "full")
+               if args.profile_out else None)
+    return ProfiledEngineFactory(engine_args, threads, args.engine_cpus or None, profile,
+                                 args.step_shapes_out)
+
+
 def _emulated_tokenizer(args: argparse.Namespace, workdir: Path) -> str:
     """The emulated model's tokenizer directory: ``--tokenizer``, or a built-in one."""
     if args.tokenizer is not None:
@@ -160,15 +191,13 @@ def _serve(args: argparse.Namespace) -> int:
         else:
             from engine.serve.frontend import Tokenizer
             from engine.worker.model_config import load_model_config
-            from experiments.serve.engines import RealEngineFactory
-
             engine_args = _engine_args(args)
             engine_args.scheduler_config(load_model_config(args.model))  # validates early
             tokenizer_dir = args.tokenizer or args.model
             if not Tokenizer.has_tokenizer(tokenizer_dir):
                 tokenizer_dir = None
             threads = 1 if args.cpu_threads is None else args.cpu_threads
-            factory = RealEngineFactory(engine_args, threads)
+            factory = _real_factory(args, engine_args, threads)
             engine_config = None
             engine_meta = {
                 "engine_args": {k: getattr(engine_args, k)
@@ -284,6 +313,15 @@ def register(sub: Any) -> None:
     g.add_argument("--cpu-threads", type=int,
                    help="torch CPU threads of the EngineCore (default 1: steadier steps beside "
                    "the API servers on small machines; 0 = torch's default)")
+    g.add_argument("--engine-cpus", type=_cpu_list,
+                   help="pin the EngineCore process (and its threads) to these CPUs, e.g. 0")
+    g.add_argument("--profile-out", help="before serving, profile the engine's step grid, "
+                   "wake-up and speed probes inside the EngineCore process into this profile "
+                   "CSV (with .meta.json; twinserve validate does)")
+    g.add_argument("--profile-grid", choices=["full", "quick", "gpu"],
+                   help="the grid of --profile-out (full)")
+    g.add_argument("--step-shapes-out", help="at shutdown, write every served step's batch "
+                   "shape and measured time to this CSV")
     g = p.add_argument_group("emulation (the simulator's cost model on the real clock)")
     g.add_argument("--emulate", action="store_true",
                    help="emulate --model (a catalog name) on --gpu with -tp GPUs")

@@ -24,6 +24,8 @@ from experiments.validation.report import error_table, write_validation
 
 DEFAULT_WORKLOAD = {"dataset_name": "random", "num_prompts": 200, "random_input_len": 128,
                     "random_output_len": 32, "random_range_ratio": 0.5}
+#: The loads of a validation without --loads: light, medium and heavy (of measured capacity).
+LOADS = (0.15, 0.5, 0.85)
 
 
 def _engine_args(args: argparse.Namespace) -> Any:
@@ -75,14 +77,46 @@ def _workload_config(args: argparse.Namespace, rate: float | None) -> Any:
 
 def _validate(args: argparse.Namespace) -> int:
     from experiments.cli.reporting import prepare_out_dir
+
+    out = prepare_out_dir(Path(args.out))
+    if args.reuse_measured:
+        return _validate_reused(args, out)
+    if args.in_process:
+        return _validate_in_process(args, out)
+    return _validate_served(args, out)
+
+
+def _validate_served(args: argparse.Namespace, out: Path) -> int:
+    """The online path: ``twinserve serve`` measured by ``bench serve`` (the default)."""
+    from experiments.validation.online import OnlinePlan
+    from experiments.validation.online_report import load_table
+    from experiments.validation.served import validate_served
+
+    engine_args = _engine_args(args)
+    loads = ((None,) if args.load_fraction is None and not args.loads
+             and args.request_rate is not None
+             else tuple(float(x) for x in args.loads.split(",")) if args.loads
+             else (args.load_fraction,) if args.load_fraction is not None else LOADS)
+    plan = OnlinePlan(loads=loads, repeats=args.repeats, grid=args.grid,
+                      calibration_levels=tuple(int(c) for c in args.calibration.split(",")),
+                      calibration_prompts_per_level=args.calibration_prompts, pin=args.pin,
+                      cpu_threads=args.cpu_threads)
+    workload_cfg = _workload_config(args, None)
+    result = validate_served(engine_args, workload_cfg, out, plan,
+                             profile=Path(args.profile) if args.profile else None,
+                             plots=not args.no_plots, log=_log)
+    print("\n".join(load_table(result["loads"])))
+    print(f"\nvalidation report: {out / 'validation.md'}", file=sys.stderr)
+    return 0
+
+
+def _validate_in_process(args: argparse.Namespace, out: Path) -> int:
+    """The in-process loop of ``run-real`` (no API server, no IPC): ``--in-process``."""
     from experiments.run_meta import engine_config_dict
     from experiments.validation import profiling, runs
     from sim.cost.fitted import FittedCostModel
     from workload.build import build_workload
 
-    out = prepare_out_dir(Path(args.out))
-    if args.reuse_measured:
-        return _validate_reused(args, out)
     _threads(args)
     engine_args = _engine_args(args)
     profile = Path(args.profile) if args.profile else out / "profile.csv"
@@ -227,8 +261,10 @@ def register(sub: Any) -> None:
     p.set_defaults(func=_profile)
     _optional_model(p)
 
-    p = sub.add_parser("validate", help="profile, run a workload for real, simulate it with "
-                       "the fitted model, and report the simulator's errors", description=__doc__)
+    p = sub.add_parser("validate", help="serve a model for real (twinserve serve), profile "
+                       "it in place, drive it with bench serve at three loads, simulate each "
+                       "identical stream and report the simulator's errors per metric and stage",
+                       description=__doc__)
     add_engine_flags(p)
     add_workload_flags(p)
     p.set_defaults(**DEFAULT_WORKLOAD)
@@ -245,9 +281,19 @@ def register(sub: Any) -> None:
                    "engine (default) or the fitted model's estimate")
     p.add_argument("--reuse-measured", help="a measured-run bundle JSON, a directory of them "
                    "(with profile.csv) or a run directory: simulate and compare only")
-    p.add_argument("--repeats", type=int, choices=[1, 2], default=1,
-                   help="2: serve each workload twice and report the run-to-run differences "
-                   "(the noise floor) next to the simulator's errors")
+    p.add_argument("--repeats", type=int, default=2,
+                   help="measured runs of each load's identical stream (default 2: the "
+                   "run-to-run difference is the noise floor reported beside every error)")
+    p.add_argument("--in-process", action="store_true",
+                   help="validate the in-process loop of run-real instead of the served path "
+                   "(no API server, no IPC: the earlier validation)")
+    p.add_argument("--calibration", default="1,4,16,64",
+                   help="concurrencies of the calibration runs through the server (1,4,16,64)")
+    p.add_argument("--calibration-prompts", type=int, default=3,
+                   help="calibration requests per level: max(8, this × concurrency) (3)")
+    p.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
+                   help="pin the EngineCore and the API server to separate CPUs (and the load "
+                   "generator beside the API server) where there are two or more")
     p.add_argument("--speed-correct", action=argparse.BooleanOptionalAction, default=False,
                    help="also simulate with the model scaled by the run's speed drift (the "
                    "probe steps' time around the run / during the profile) and report both")

@@ -72,12 +72,13 @@ def add_workload_flags(p: argparse.ArgumentParser) -> None:
     """vllm bench serve's workload flags (default None = not given)."""
     g = p.add_argument_group("workload (vllm bench serve's names)")
     g.add_argument(
-        "--dataset-name", choices=["random", "prefix_repetition", "trace"],
-        help="default: trace azure-conv, unless --dataset-path (trace), --random-* (random) or "
-        "--prefix-repetition-* (prefix_repetition) flags imply another",
+        "--dataset-name", choices=["random", "prefix_repetition", "trace", "sharegpt"],
+        help="default: trace azure-conv, unless --dataset-path (trace; a .json file: "
+        "sharegpt), --random-* (random) or --prefix-repetition-* (prefix_repetition) flags "
+        "imply another",
     )
     g.add_argument("--dataset-path", help="trace file, or azure-conv, azure-code, "
-                   "mooncake-conversation, mooncake-synthetic")
+                   "mooncake-conversation, mooncake-synthetic; or a ShareGPT JSON file")
     g.add_argument("--num-prompts", type=int)
     g.add_argument("--request-rate", type=float, help="requests/s (inf = all at once)")
     g.add_argument("--burstiness", type=float)
@@ -91,6 +92,14 @@ def add_workload_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--prefix-repetition-num-prefixes", type=int)
     g.add_argument("--prefix-repetition-output-len", type=int)
     g.add_argument("--trace-time-scale", type=float, help="replay a trace this many times faster")
+    g.add_argument("--tokenizer", help="sharegpt: directory with tokenizer.json that counts the "
+                   "conversations' tokens")
+    g.add_argument("--sharegpt-output-len", type=int,
+                   help="sharegpt: output tokens per request (default: the completion's)")
+    g.add_argument("--ramp-up-strategy", choices=["linear", "exponential"],
+                   help="ramp the request rate from --ramp-up-start-rps to --ramp-up-end-rps")
+    g.add_argument("--ramp-up-start-rps", type=float)
+    g.add_argument("--ramp-up-end-rps", type=float)
     g.add_argument("--seed", type=int)
 
 

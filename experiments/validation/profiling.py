@@ -173,7 +173,8 @@ def profile_engine(
 
 
 def fit_profile(csv_path: str | Path, *, holdout_fraction: float = 0.2, seed: int = 0,
-                statistic: str = "mean") -> FittedCostModel:
+                statistic: str = "mean",
+                source_shares: dict[str, float] | None = None) -> FittedCostModel:
     """Fit ``X.csv`` with the geometry of ``X.meta.json``; saves ``X.fitted.json``."""
     files = ProfileFiles.of(csv_path)
     try:
@@ -187,7 +188,8 @@ def fit_profile(csv_path: str | Path, *, holdout_fraction: float = 0.2, seed: in
     measured_on["profile"] = files.csv.name
     model = FittedCostModel.fit(read_profile_csv(files.csv), ModelGeometry(**meta["geometry"]),
                                 holdout_fraction=holdout_fraction, seed=seed,
-                                measured_on=measured_on, statistic=statistic)
+                                measured_on=measured_on, statistic=statistic,
+                                source_shares=source_shares)
     model.save(files.fitted)
     return model
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -313,22 +313,26 @@ class FrontendCosts:
         return FrontendCosts(stages, IdleWakeup(**values.get("idle_wakeup", {})))
 
 
-def _source_weights(rows: Sequence[ProfileRecord]) -> np.ndarray:
+def _source_weights(rows: Sequence[ProfileRecord],
+                    shares: Mapping[str, float] | None = None) -> np.ndarray:
     """Row weights of the squared loss: each source of step rows (``name``: the grid's
-    ``step`` replays, the ``in_loop`` steps of real runs) carries the same total weight, and
-    within a source each (kind, scheduled requests) group does too — a calibration run at
-    concurrency 1 yields hundreds of identical one-request steps, which must not outvote the
-    rest of the profile."""
+    ``step`` replays, the ``in_loop`` steps of real runs) carries the same total weight (or
+    its part of ``shares``, normalised over the sources present), and within a source each
+    (kind, scheduled requests) group weighs the same — a calibration run at concurrency 1
+    yields hundreds of identical one-request steps, which must not outvote the rest of the
+    profile."""
     groups: dict[tuple[str, str, int], int] = {}
     sources: dict[str, set[tuple[str, str, int]]] = {}
     for r in rows:
         key = (r.name, r.kind, r.shape.num_reqs if r.shape is not None else 0)
         groups[key] = groups.get(key, 0) + 1
         sources.setdefault(r.name, set()).add(key)
+    given = {name: float((shares or {}).get(name, 1.0)) for name in sources}
+    total = sum(given.values()) or 1.0
     weights = []
     for r in rows:
         key = (r.name, r.kind, r.shape.num_reqs if r.shape is not None else 0)
-        share = 1.0 / (len(sources) * len(sources[r.name]) * groups[key])
+        share = given[r.name] / (total * len(sources[r.name]) * groups[key])
         weights.append(math.sqrt(share * len(rows)))
     return np.array(weights)
 
@@ -487,12 +491,14 @@ class FittedCostModel:
         knee_candidates: Sequence[int] | None = None,
         measured_on: dict[str, Any] | None = None,
         statistic: str = "mean",
+        source_shares: Mapping[str, float] | None = None,
     ) -> FittedCostModel:
         """Fit step rows of ``records`` (front-end rows go to ``FrontendCosts``).
 
         ``statistic`` picks each row's target: ``mean`` (default: a run's latencies add step
         times up, so under intermittent load from other processes the expected step time is
-        what matters) or ``median``.
+        what matters) or ``median``. ``source_shares`` weighs the sources of step rows
+        (default: equally; e.g. ``{"in_loop": 3, "step": 1}``).
         """
         if not 0.0 <= holdout_fraction < 1.0:
             raise ConfigError(f"holdout_fraction must be in [0, 1), got {holdout_fraction}")
@@ -515,7 +521,7 @@ class FittedCostModel:
         candidates = sorted({0, *(knee_candidates if knee_candidates is not None else tokens)})
         best: tuple[float, FittedCostModel] | None = None
         for knee in candidates:
-            model = FittedCostModel._fit_at(train, geometry, knee, statistic)
+            model = FittedCostModel._fit_at(train, geometry, knee, statistic, source_shares)
             pred, meas = model._predict(train, statistic)
             loss = float(np.sum(((pred - meas) / meas) ** 2))
             if best is None or loss < best[0] - 1e-12:
@@ -525,6 +531,7 @@ class FittedCostModel:
         report: dict[str, Any] = {
             "weighting": "relative (rows weighted by 1 / measured time)",
             "statistic": statistic, "holdout_fraction": holdout_fraction, "seed": seed,
+            "source_shares": dict(source_shares) if source_shares else "equal",
             "train": asdict(FitError.of(*model._predict(train, statistic))),
             "holdout": asdict(FitError.of(*model._predict(held, statistic))),
             "holdout_by_source": {
@@ -546,11 +553,12 @@ class FittedCostModel:
 
     @staticmethod
     def _fit_at(rows: Sequence[ProfileRecord], geometry: ModelGeometry, knee: int,
-                statistic: str) -> FittedCostModel:
+                statistic: str,
+                source_shares: Mapping[str, float] | None = None) -> FittedCostModel:
         probe = FittedCostModel(geometry, dict.fromkeys(FEATURE_NAMES, 0.0), knee)
         x = np.array([probe.features(r.shape) for r in rows if r.shape is not None])
         y = np.array([r.value(statistic) for r in rows])
-        coef = fit_nonnegative(x, y, _source_weights(rows) / y)
+        coef = fit_nonnegative(x, y, _source_weights(rows, source_shares) / y)
         return FittedCostModel(geometry, dict(zip(FEATURE_NAMES, coef.tolist(), strict=True)),
                                knee)
 

@@ -6,7 +6,9 @@
   ``numpy.random`` outside a seeded ``default_rng(seed)``, ``os.urandom``, ``uuid4``, ``secrets``).
 * ``workload`` (the request streams both worlds serve) imports only ``workload`` and two leaf
   modules of the core (``engine.core.config``'s field checks, ``engine.core.errors``); besides
-  the standard library only numpy. Both worlds import it: ``sim`` and the real-run driver.
+  the standard library only numpy, and ``tokenizers`` (a leaf library: ShareGPT files are
+  counted in tokens, imported only when one is read). Both worlds import it: ``sim`` and the
+  real-run driver.
 * ``sim`` imports only ``engine.core`` and ``workload`` of ours (and ``engine.compiled``, the
   compiled-build guard its package runs first); never torch/triton, engine.worker,
   engine.serve or kernels.
@@ -54,7 +56,8 @@ class Rule:
 RULES: dict[str, Rule] = {
     "engine/core": Rule(ours=("engine.core",), third_party=("numpy",), clock_free=True),
     "workload": Rule(
-        ours=("workload", "engine.core.config", "engine.core.errors"), third_party=("numpy",)
+        ours=("workload", "engine.core.config", "engine.core.errors"),
+        third_party=("numpy", "tokenizers"),
     ),
     "sim": Rule(
         ours=("sim", "engine.core", "engine.compiled", "workload"), third_party=None,

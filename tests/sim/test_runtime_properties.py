@@ -113,8 +113,10 @@ def test_fast_path_changes_nothing(sc: tuple) -> None:
     fast = simulate(w, engine=engine, num_gpu_blocks=blocks, max_model_len=200)
     slow = simulate(w, engine=engine, num_gpu_blocks=blocks, max_model_len=200, fast_path=False)
     assert _log_columns(fast) == _log_columns(slow)
-    # an idle wake-up cost (paid by the first step after the loop idled) keeps them equal
-    wake = dataclasses.replace(SIMPLE_FRONTEND, idle_wakeup_s=0.003, idle_wakeup_ramp_s=0.01)
+    # an idle wake-up cost (paid by the first step after the loop idled) and a first-output
+    # cost (paid by the output processor once per request) keep them equal
+    wake = dataclasses.replace(SIMPLE_FRONTEND, idle_wakeup_s=0.003, idle_wakeup_ramp_s=0.01,
+                               first_output_overhead_s=0.0007)
     fast = simulate(w, engine=engine, num_gpu_blocks=blocks, max_model_len=200, frontend=wake)
     slow = simulate(w, engine=engine, num_gpu_blocks=blocks, max_model_len=200, frontend=wake,
                     fast_path=False)

@@ -32,7 +32,8 @@ def validated(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     out = tmp_path_factory.mktemp("validate")
     assert main(["validate", "--model", str(tiny_model), "--device", "cpu",
                  "--kv-cache-memory", "2MiB", "--grid", "quick", *WORKLOAD,
-                 "--load-fraction", "0.5", "--speed-correct", "--out", str(out)]) == 0
+                 "--load-fraction", "0.5", "--speed-correct", "--in-process", "--repeats", "1",
+                 "--out", str(out)]) == 0
     return out
 
 

@@ -105,7 +105,7 @@ def build_app(cfg: APIServerConfig, lifeline: Connection, control: ServerControl
     """The app (its server is told to exit, quietly, when the engine never becomes ready)."""
     clock = run_clock(cfg.clock_origin_s)
     tokenizer = Tokenizer.from_dir(cfg.tokenizer_dir) if cfg.tokenizer_dir else None
-    recorder = StageRecorder(cfg.index, cfg.record_dir is not None)
+    recorder = StageRecorder(cfg.index, cfg.record_dir is not None, cfg.clock_origin_s)
     serving_ref: list[OpenAIServing] = []
     created = int(time.time())  # /v1/models' "created": when this server started
 
