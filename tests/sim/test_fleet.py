@@ -34,7 +34,7 @@ from sim.fleet import (
     simulate_sharded,
     why_not_shardable,
 )
-from sim.runtime import run_simulation
+from sim.runtime import SimRuntime, run_simulation
 from workload.build import build_workload
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -211,3 +211,22 @@ def test_simulate_shards_from_the_command_line(tmp_path: Path) -> None:
         wrong = _cli("simulate", "--shards", count, "--out", str(tmp_path / f"bad{count}"))
         assert wrong.returncode != 0
         assert wrong.stderr.strip().splitlines()[-1].startswith(f"twinserve: error: {message}")
+
+
+def test_replayed_front_end_times_route_without_a_plan() -> None:
+    """A run that replays measured front-end times is not planned (the plan prices the front
+    end with the config's model): with round robin it routes through the router process, by
+    the replayed times."""
+    cfg = SimConfig.from_dict(LIGHT)
+    n = len(build_workload(cfg.workload))
+    slow_front = [0.05] * n  # every request spends 50 ms in the API server
+    replayed = SimRuntime(cfg, request_frontend_s=slow_front)
+    assert replayed.shard is None and replayed.picker is not None
+    result = replayed.run()
+    planned = run_simulation(cfg)
+    a, b = build_tables(result.event_log), build_tables(planned.event_log)
+    assert (a.requests["replica"] == b.requests["replica"]).all()  # round robin either way
+    assert a.requests["ttft_s"].mean() > b.requests["ttft_s"].mean()
+    with pytest.raises(ValueError, match="planned"):
+        SimRuntime(cfg, shard=shard_plan(cfg, build_workload(cfg.workload), 1)[0],
+                   request_frontend_s=slow_front)
