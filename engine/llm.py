@@ -20,7 +20,7 @@ import itertools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.core.config import (
     CLASS_DEFAULT_BUDGETS,
@@ -32,14 +32,22 @@ from engine.core.config import (
 from engine.core.engine_core import EngineCore
 from engine.core.events import EventKind
 from engine.core.hashing import TokenBlockHasher
+from engine.core.parallel import ParallelConfig, check_device_count
 from engine.core.request import Request, SamplingParams
 from engine.serve.engine_loop import EngineLoop
 from engine.serve.frontend import Tokenizer, generation_eos_token_ids
 from engine.serve.output_processor import OutputProcessor, RequestOutput
 from engine.worker.config import LoadFormat, WorkerConfig
 from engine.worker.executor import TorchExecutor
+from engine.worker.loader import resolve_device
 from engine.worker.model_config import ModelConfig, load_model_config
 from workload.admission import PromptError, validate_prompt
+
+if TYPE_CHECKING:
+    from engine.worker.multiproc_executor import MultiprocExecutor
+
+    #: The executors a real engine runs on: in this process, or one worker process per rank.
+    WorkerExecutor = TorchExecutor | MultiprocExecutor
 
 #: The real engine's knobs when none are given: vLLM's, but one batch in flight (the executor
 #: runs in-process and synchronously, so a second batch would only wait for the first).
@@ -64,12 +72,46 @@ class EngineArgs:
     load_format: LoadFormat = "safetensors"  # "dummy" = random weights
     attention_backend: str | None = None  # None = kernels.select_backend default
     seed: int = 0  # engine-wide sampling seed
+    tensor_parallel_size: int = 1  # ranks per pipeline stage
+    pipeline_parallel_size: int = 1  # pipeline stages (one batch in flight per stage)
+    # "uni": the model in this process (one rank); "mp": one worker process per rank;
+    # None: vLLM's choice (mp when TP × PP > 1)
+    distributed_executor_backend: str | None = None
+    worker_cpu_threads: int = 1  # torch CPU threads of each worker process (mp on CPU)
     # budgets, chunking, policy, async scheduling, block size, prefix caching; unset budgets
     # take vLLM's class defaults (CLASS_DEFAULT_BUDGETS)
     engine: EngineKnobs = REAL_ENGINE_KNOBS
 
     def __post_init__(self) -> None:
         self.worker_config()  # validates the worker knobs
+        parallel = self.parallel_config  # validates the degrees
+        if self.distributed_executor_backend not in (None, "uni", "mp"):
+            raise ConfigError(
+                "distributed_executor_backend must be 'uni' or 'mp', got "
+                f"{self.distributed_executor_backend!r}"
+            )
+        if self.executor_backend == "uni" and parallel.world_size > 1:
+            raise ConfigError(
+                f"the uniprocess executor runs one rank; TP × PP = {parallel.world_size} needs "
+                "the multiprocess executor (mp)"
+            )
+        if parallel.pipeline_parallel_size > 1 and self.engine.async_scheduling:
+            raise ConfigError(
+                "async scheduling is not supported with pipeline parallelism (vLLM 0.33's V1 "
+                "model runner refuses it too); turn async scheduling off"
+            )
+
+    @property
+    def parallel_config(self) -> ParallelConfig:
+        return ParallelConfig(tensor_parallel_size=self.tensor_parallel_size,
+                              pipeline_parallel_size=self.pipeline_parallel_size)
+
+    @property
+    def executor_backend(self) -> str:
+        """``uni`` or ``mp`` (vLLM's default: mp when TP × PP > 1)."""
+        if self.distributed_executor_backend is not None:
+            return self.distributed_executor_backend
+        return "mp" if self.parallel_config.world_size > 1 else "uni"
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs: Any) -> EngineArgs:
@@ -98,13 +140,34 @@ class EngineArgs:
             attention_backend=self.attention_backend, seed=self.seed,
         )
 
-    def build(self) -> RealEngine:
-        """Load the model, size the KV cache and create the engine core."""
+    def build(self, *, data_parallel_rank: int = 0) -> RealEngine:
+        """Load the model (on this process, or on one worker process per rank), size the KV
+        cache and create the engine core. Replica ``data_parallel_rank`` takes the devices
+        after the previous replicas' (``engine.core.parallel``'s rank order)."""
         model_config = load_model_config(self.model)
+        parallel = self.parallel_config
+        parallel.check_model(model_config.num_attention_heads, model_config.num_key_value_heads,
+                             model_config.num_hidden_layers, self.model)
         scheduler = self.scheduler_config(model_config)
-        executor = TorchExecutor(self.worker_config(), scheduler, self.engine.block_size)
+        executor: WorkerExecutor
+        if self.executor_backend == "uni":
+            executor = TorchExecutor(self.worker_config(), scheduler, self.engine.block_size)
+        else:
+            from engine.worker.multiproc_executor import MultiprocExecutor
+
+            device = resolve_device(self.device)
+            first = data_parallel_rank * parallel.world_size
+            if device.type == "cuda":
+                check_device_count(parallel.world_size * (data_parallel_rank + 1),
+                                   torch_cuda_device_count())
+                first += device.index or 0
+            executor = MultiprocExecutor(
+                self.worker_config(), scheduler, self.engine.block_size, parallel,
+                device_type=device.type, first_device=first, cpu_threads=self.worker_cpu_threads,
+            )
         engine_config = EngineConfig(
-            scheduler=scheduler, cache=self.engine.cache_config(executor.num_gpu_blocks)
+            scheduler=scheduler, cache=self.engine.cache_config(executor.num_gpu_blocks),
+            pipeline_parallel_size=parallel.pipeline_parallel_size,
         )
         tokenizer_dir = self.tokenizer or self.model
         tokenizer = (
@@ -123,7 +186,7 @@ class RealEngine:
         model_config: ModelConfig,
         engine_config: EngineConfig,
         core: EngineCore,
-        executor: TorchExecutor,
+        executor: WorkerExecutor,
         tokenizer: Tokenizer | None,
     ) -> None:
         self.args = args
@@ -198,7 +261,7 @@ class LLM:
         return self.engine.core
 
     @property
-    def executor(self) -> TorchExecutor:
+    def executor(self) -> WorkerExecutor:
         return self.engine.executor
 
     def get_tokenizer(self) -> Tokenizer | None:
@@ -288,6 +351,12 @@ class LLM:
             if processed.reqs_to_abort:
                 engine.core.abort_requests(processed.reqs_to_abort, clock())
         return [results[r.req_id] for r in requests]
+
+
+def torch_cuda_device_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
 
 
 def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:

@@ -5,7 +5,8 @@ from vLLM 0.33.0 (shared/golden/README.md): requests arrive at given step number
 scheduled request that completes its prefill samples its next scripted token, and each call of
 the engine's step loop prints one JSON record. The loop drives ``EngineCore`` exactly as every
 other driver does (``begin_step`` → executor → ``must_finish_step`` → ``finish_step``), with the
-async batch queue when ``async_scheduling`` is on.
+async batch queue when ``async_scheduling`` is on, and one batch per pipeline stage when a
+workload's ``batch_queue_depth`` (with a synchronous scheduler) says so.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ CONFIG_DEFAULTS: dict[str, Any] = {
     "output_token_id": 7,
     "eos_token_id": None,
     "max_steps": 10000,
+    # vLLM sizes the batch queue by the executor's max_concurrent_batches: with a synchronous
+    # scheduler a depth > 1 is the pipeline-parallel degree (None: 1, or 2 under async)
+    "batch_queue_depth": None,
 }
 REQUEST_KEYS = frozenset(
     {
@@ -172,6 +176,7 @@ def load_workload(path: str | Path) -> ReplayWorkload:
         cfg["max_num_seqs"] = min(cfg["max_num_seqs"], cfg["max_num_batched_tokens"])
     try:
         engine_config = EngineConfig(
+            pipeline_parallel_size=_pipeline_depth(cfg, where),
             scheduler=SchedulerConfig(
                 max_num_batched_tokens=cfg["max_num_batched_tokens"],
                 max_num_seqs=cfg["max_num_seqs"],
@@ -203,6 +208,23 @@ def load_workload(path: str | Path) -> ReplayWorkload:
         engine_config, requests, _int(cfg["output_token_id"], "output_token_id"),
         _int(cfg["max_steps"], "max_steps", 1),
     )
+
+
+def _pipeline_depth(cfg: dict[str, Any], where: str) -> int:
+    """The pipeline-parallel degree a workload's ``batch_queue_depth`` stands for: vLLM's
+    batch queue is 2 deep under async scheduling and one batch per stage otherwise."""
+    depth = cfg["batch_queue_depth"]
+    if depth is None:
+        return 1
+    depth = _int(depth, f"{where}: batch_queue_depth", 1)
+    if cfg["async_scheduling"]:
+        if depth != 2:
+            raise WorkloadError(
+                f"{where}: batch_queue_depth {depth} with async_scheduling: vLLM's async batch "
+                "queue is 2 deep (pipeline parallelism runs a synchronous scheduler)"
+            )
+        return 1
+    return depth
 
 
 class ScriptedExecutor:

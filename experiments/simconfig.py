@@ -27,6 +27,9 @@ FLAG_FIELDS: dict[str, tuple[str | None, str]] = {
     "gpu": (None, "gpu"),
     "tensor_parallel_size": (None, "tensor_parallel_size"),
     "data_parallel_size": (None, "data_parallel_size"),
+    "pipeline_parallel_size": (None, "pipeline_parallel_size"),
+    "gpus_per_node": (None, "gpus_per_node"),
+    "network": (None, "network"),
     "router": (None, "router"),
     "router_load_cap": (None, "router_load_cap"),
     "gpu_memory_utilization": (None, "gpu_memory_utilization"),
@@ -135,6 +138,12 @@ def config_dict_from_args(
             out[name] = value
         else:
             out.setdefault(section, {})[name] = value
+    pp = out.get("pipeline_parallel_size", 1)
+    if isinstance(pp, int) and pp > 1 and out.get("engine", {}).get("async_scheduling") is True:
+        raise ConfigError(
+            "async scheduling is not supported with pipeline parallelism (vLLM 0.33's V1 "
+            "model runner refuses it too): drop --async-scheduling / async_scheduling = true"
+        )
     work = out.setdefault("workload", {})
     if "dataset_name" not in work:
         implied = _implied_datasets(work)

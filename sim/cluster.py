@@ -1,34 +1,22 @@
-"""Data-parallel replicas behind shared API servers, and the routers that pick one per request.
+"""The simulator's routers: the shared ones of ``engine/core/routing.py`` plus those that look
+at no replica, split by whether a run with them can be sharded.
 
-Each replica is its own ``EngineCore`` (scheduler + KV cache) on its own GPUs. When a request
-leaves an API server, the router chooses a replica from what it can know at that moment
-(``ReplicaView``): requests it routed there that are not yet fully delivered, the replica's
-last reported queue lengths and KV usage (as of the last step it applied), and — for the
-prefix-aware router — how many of the request's leading tokens that replica's cache holds.
+Three routers choose without looking at any replica (``INDEPENDENT_ROUTERS``: a run with one of
+them can be split over processes, ``sim/fleet.py``); each picks for request number ``seq`` from
+that alone and from the order in which it is asked:
 
-Routers (a plain dict selects one by name, ``ROUTERS``). Three choose without looking at any
-replica (``INDEPENDENT_ROUTERS``: a run with one of them can be split over processes,
-``sim/fleet.py``):
-
-* ``round_robin`` — replicas in turn, in routing order;
+* ``round_robin`` — replicas in turn, in routing order (the server's ``RoundRobinRouter`` does
+  the same with ``choose``);
 * ``random`` — a uniformly random replica per request, drawn from the workload's seed (one
   draw per request, by its place in the stream, so the choice does not depend on the order in
   which requests are routed);
 * ``consistent_hash`` — consistent hashing of the request's routing key (``routing_keys``: its
   shared prefix, or its Mooncake conversation, else the request itself) onto a
   ring of ``RING_POINTS`` points per replica, so requests of one prefix or session go to one
-  replica (and the others keep theirs when a replica is added);
+  replica (and the others keep theirs when a replica is added).
 
-and the rest read the replicas' state:
-
-* ``least_outstanding`` — fewest requests in flight (routed, not yet delivered);
-* ``least_kv`` — lowest KV-cache usage, then fewest in flight;
-* ``prefix_aware`` — the longest cached prefix, among replicas whose load is within
-  ``load_cap`` requests of the least-loaded one (otherwise the least loaded);
-* ``vllm`` — vLLM 0.33.0's internal DP load balancer (one API server): score = max(in flight,
-  waiting + running) + waiting · 6 · max(0, KV usage − 0.5); the lowest score wins, the lower
-  rank on ties. (vLLM also bumps its local copy of the chosen engine's waiting count between
-  stats updates; here the in-flight count already includes every routed request.)
+The rest read the replicas' state (``STATE_ROUTERS``: ``least_outstanding``, ``least_kv``,
+``prefix_aware``, ``vllm``, as ``engine/core/routing.py`` defines them for both worlds).
 """
 
 from __future__ import annotations
@@ -39,29 +27,18 @@ from typing import Final, Protocol
 
 import numpy as np
 
-from engine.core.errors import UserError
-from engine.core.request import Request
+from engine.core.routing import (
+    LeastKVRouter,
+    LeastOutstandingRouter,
+    PrefixAwareRouter,
+    ReplicaView,
+    Router,
+    UnknownRouterError,
+    VLLMRouter,
+)
 from workload.stream import Workload
 
-
-class UnknownRouterError(UserError):
-    """An unknown router name; the message lists the valid ones."""
-
-
-@dataclass(frozen=True, slots=True)
-class ReplicaView:
-    """What a router knows about one replica when it routes a request."""
-
-    index: int
-    num_outstanding: int  # routed here, final chunk not yet delivered
-    num_running: int  # last reported by the engine
-    num_waiting: int  # last reported by the engine
-    kv_usage: float  # last reported by the engine, in [0, 1]
-    cached_prefix_tokens: Callable[[Request], int]  # leading tokens this replica's cache holds
-
-
-class Router(Protocol):
-    def choose(self, request: Request, replicas: Sequence[ReplicaView]) -> int: ...
+__all__ = ["ReplicaView", "Router", "UnknownRouterError"]
 
 
 class IndependentRouter(Protocol):
@@ -155,50 +132,6 @@ def random_choices(seed: int, num_requests: int, num_replicas: int) -> np.ndarra
     rng = np.random.default_rng([seed, 0x524F555445])  # a stream of its own ("ROUTE")
     out: np.ndarray = rng.integers(0, num_replicas, size=num_requests, dtype=np.int64)
     return out
-
-
-class LeastOutstandingRouter:
-    def choose(self, request: Request, replicas: Sequence[ReplicaView]) -> int:
-        return min(replicas, key=lambda r: (r.num_outstanding, r.index)).index
-
-
-class LeastKVRouter:
-    def choose(self, request: Request, replicas: Sequence[ReplicaView]) -> int:
-        return min(replicas, key=lambda r: (r.kv_usage, r.num_outstanding, r.index)).index
-
-
-class PrefixAwareRouter:
-    """Longest cached prefix wins, unless that replica is overloaded relative to the others."""
-
-    def __init__(self, load_cap: int = 8) -> None:
-        if load_cap < 0:
-            raise UserError(f"router_load_cap must be >= 0, got {load_cap}")
-        self.load_cap = load_cap
-
-    def choose(self, request: Request, replicas: Sequence[ReplicaView]) -> int:
-        least = min(r.num_outstanding for r in replicas)
-        eligible = [r for r in replicas if r.num_outstanding <= least + self.load_cap]
-        hits = [(r.cached_prefix_tokens(request), r) for r in eligible]
-        best = max(h for h, _ in hits)
-        if best == 0:
-            return min(eligible, key=lambda r: (r.num_outstanding, r.index)).index
-        return min(
-            (r for h, r in hits if h == best), key=lambda r: (r.num_outstanding, r.index)
-        ).index
-
-
-class VLLMRouter:
-    """vLLM 0.33.0's DP load balancer (``DPLBAsyncMPClient.get_core_engine_for_request``)."""
-
-    def choose(self, request: Request, replicas: Sequence[ReplicaView]) -> int:
-        best, best_score = 0, float("inf")
-        for r in replicas:
-            score = float(max(r.num_outstanding, r.num_waiting + r.num_running))
-            if r.num_waiting:
-                score += r.num_waiting * 6.0 * max(0.0, r.kv_usage - 0.5)
-            if score < best_score:
-                best, best_score = r.index, score
-        return best
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ from engine.core.config import (
     config_from_dict,
 )
 from engine.core.errors import UserError
+from engine.core.parallel import ParallelConfig, pp_layer_partition
 from sim.cost.cuda_graphs import CudaGraphConfig
 from sim.cost.host import HostCosts
 from sim.cost.roofline import RooflineParams
@@ -133,7 +134,10 @@ class SimConfig:
     quantization: str | None = None  # vLLM --quantization: None or fp8 (W8A8)
     kv_cache_dtype: str = "auto"  # vLLM --kv-cache-dtype: auto (= the model dtype) or fp8
     data_parallel_size: int = 1  # engine replicas behind the shared API servers
-    router: str = "vllm"  # how requests pick a replica (sim/cluster.py)
+    pipeline_parallel_size: int = 1  # stages each replica's layers are split over
+    gpus_per_node: int = 8  # GPUs of one node: TP stays inside, PP/DP hops may cross nodes
+    network: str = "infiniband-ndr"  # the fabric between nodes (sim/network.py)
+    router: str = "vllm"  # how requests pick a replica (engine/core/routing.py)
     router_load_cap: int = 8  # prefix_aware: max extra in-flight requests for a better hit
     fast_path: bool = True  # exact bulk application of identical decode steps
 
@@ -161,7 +165,7 @@ class SimConfig:
                 f"data_parallel_size must be in [1, {MAX_DATA_PARALLEL}] (one simulated engine "
                 f"each), got {self.data_parallel_size}"
             )
-        from sim.cluster import ROUTERS
+        from sim.cluster import ROUTERS  # the shared routers and the simulator's own
 
         if self.router not in ROUTERS:
             raise ConfigError(f"unknown router {self.router!r}; valid: {', '.join(ROUTERS)}")
@@ -171,6 +175,7 @@ class SimConfig:
             )
         if self.router_load_cap < 0:
             raise ConfigError(f"router_load_cap must be >= 0, got {self.router_load_cap}")
+        self._check_pipeline()
         if not self.uses_catalog_labels_only:
             get_model(self.model)
             get_gpu(self.gpu)
@@ -209,6 +214,34 @@ class SimConfig:
                     f"cost_model 'vllm' needs measured kernel tables, which {gpu.name} has "
                     "none of; use 'roofline'"
                 )
+
+    def _check_pipeline(self) -> None:
+        from sim.network import get_network
+
+        ParallelConfig(
+            tensor_parallel_size=self.tensor_parallel_size,
+            pipeline_parallel_size=self.pipeline_parallel_size,
+            data_parallel_size=self.data_parallel_size,
+        )
+        if not 1 <= self.gpus_per_node <= 1024:
+            raise ConfigError(f"gpus_per_node must be in [1, 1024], got {self.gpus_per_node}")
+        get_network(self.network)
+        if self.pipeline_parallel_size > 1 and self.cost_model.startswith("fitted:"):
+            raise ConfigError(
+                "a fitted cost model prices whole steps of the layout it was profiled on; "
+                "pipeline_parallel_size > 1 needs cost_model vllm, roofline or auto"
+            )
+        if not self.uses_catalog_labels_only:
+            m = get_model(self.model)
+            self.parallel.check_model(m.num_heads, m.num_kv_heads, m.num_layers, m.name)
+
+    @property
+    def parallel(self) -> ParallelConfig:
+        return ParallelConfig(
+            tensor_parallel_size=self.tensor_parallel_size,
+            pipeline_parallel_size=self.pipeline_parallel_size,
+            data_parallel_size=self.data_parallel_size,
+        )
 
     @property
     def fp8_weights(self) -> bool:
@@ -360,7 +393,13 @@ def kv_capacity(cfg: SimConfig) -> KVCapacity:
     The activation peak is that of vLLM's profiling forward at ``max_num_batched_tokens``
     tokens: the widest intermediate (gate+up of the MLP), QKV, residual stream copies and the
     logits of ``max_num_seqs`` sampled rows in fp32, per TP rank.
+
+    With pipeline stages each GPU holds its stage's layers (and the embedding on the first,
+    the LM head on the last) and the KV of its layers only; every stage gets the block count
+    of the most constrained one (vLLM takes the smallest over its workers).
     """
+    if cfg.pipeline_parallel_size > 1:
+        return _pipeline_kv_capacity(cfg)
     m, g, tp = cfg.model_spec, cfg.gpu_spec, cfg.tensor_parallel_size
     budgets = cfg.engine.budgets(budget_defaults(cfg))
     t, max_num_seqs = budgets.max_num_batched_tokens, budgets.max_num_seqs
@@ -378,6 +417,31 @@ def kv_capacity(cfg: SimConfig) -> KVCapacity:
     per_block = cfg.engine.block_size * m.kv_bytes_per_token / tp
     blocks = int(kv // per_block) if kv > 0 else 0
     return KVCapacity(g.memory_bytes, budget, weights, activation, kv, per_block, blocks)
+
+
+def _pipeline_kv_capacity(cfg: SimConfig) -> KVCapacity:
+    """``kv_capacity`` per stage; the stage that holds the fewest blocks decides."""
+    m = cfg.model_spec
+    parts = pp_layer_partition(m.num_layers, cfg.pipeline_parallel_size)
+    layer_bytes = m.num_layers * (m.attn_params + m.mlp_params) * m.linear_bytes
+    embed_bytes = m.embedding_params * m.dtype_bytes
+    head_bytes = 0 if m.tie_word_embeddings else embed_bytes
+    whole = kv_capacity(dataclasses.replace(cfg, pipeline_parallel_size=1))
+    tp = cfg.tensor_parallel_size
+    best: KVCapacity | None = None
+    for s, n in enumerate(parts):
+        share = n / m.num_layers
+        weights = (layer_bytes * share + (embed_bytes if s == 0 else 0)
+                   + (head_bytes if s == len(parts) - 1 else 0)) / tp
+        per_block = whole.bytes_per_block * share
+        kv = whole.budget_bytes - weights - whole.activation_bytes
+        blocks = int(kv // per_block) if kv > 0 else 0
+        stage = KVCapacity(whole.total_bytes, whole.budget_bytes, weights,
+                           whole.activation_bytes, kv, per_block, blocks)
+        if best is None or stage.num_gpu_blocks < best.num_gpu_blocks:
+            best = stage
+    assert best is not None
+    return best
 
 
 def budget_defaults(cfg: SimConfig) -> BudgetDefaults:
@@ -438,6 +502,11 @@ def resolve_engine_config(cfg: SimConfig) -> EngineConfig:
         max_model_len = usable_tokens  # as vLLM's auto-fit of max_model_len would
     if max_model_len < 2:
         raise ConfigError(f"the KV cache holds only {usable_tokens} tokens: no request fits")
-    return e.resolve(
+    if cfg.pipeline_parallel_size > 1:
+        # vLLM 0.33's V1 model runner turns async scheduling off under PP (one batch in flight
+        # per stage instead)
+        e = dataclasses.replace(e, async_scheduling=False)
+    resolved = e.resolve(
         max_model_len=max_model_len, num_gpu_blocks=num_blocks, defaults=budget_defaults(cfg)
     )
+    return dataclasses.replace(resolved, pipeline_parallel_size=cfg.pipeline_parallel_size)

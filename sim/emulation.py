@@ -164,7 +164,9 @@ class EmulatedEngineFactory:
 
         return make_cost_model(self.config)
 
-    def build(self, clock: Callable[[], float]) -> EmulatedEngine:
+    def build(self, clock: Callable[[], float], data_parallel_rank: int = 0) -> EmulatedEngine:
+        """The emulated engine (every DP replica emulates the same device, so the rank does
+        not matter)."""
         cfg = self.config
         engine_config = self.engine_config()
         cache = engine_config.cache

@@ -14,13 +14,20 @@ that protocol's contract), others through ``step_time`` on the decode step's sha
 
 from __future__ import annotations
 
-from typing import Final, cast
+from typing import Final, Protocol, cast
 
 from engine.core.interfaces import CostModel, DecodeStepCostModel, StepTime
 from engine.core.outputs import BatchShape, ModelRunnerOutput, SchedulerOutput
+from sim.cost.pipeline import PipelineStepTime
 
 #: The token every simulated request samples (never an EOS or stop token of a sim request).
 PLACEHOLDER_TOKEN_ID: Final = 0
+
+
+class StagedCostModel(CostModel, Protocol):
+    """A cost model of a pipeline-parallel replica (``sim.cost.pipeline``)."""
+
+    def stage_times(self, shape: BatchShape) -> PipelineStepTime: ...
 
 
 class SimExecutor:
@@ -35,6 +42,22 @@ class SimExecutor:
             if callable(getattr(cost_model, "decode_step_total", None))
             else None
         )
+        # a pipeline-parallel cost model: each stage's time and the sends between them
+        self._pipeline: StagedCostModel | None = (
+            cast(StagedCostModel, cost_model)
+            if callable(getattr(cost_model, "stage_times", None))
+            else None
+        )
+
+    @property
+    def pipelined(self) -> bool:
+        return self._pipeline is not None
+
+    def stage_times(self, sched_out: SchedulerOutput) -> PipelineStepTime | None:
+        """The step on each pipeline stage, when the cost model prices stages (else None)."""
+        if self._pipeline is None:
+            return None
+        return self._pipeline.stage_times(sched_out.batch_shape)
 
     def step_time(self, sched_out: SchedulerOutput) -> StepTime:
         """Device time of a scheduled step (0 for an empty one)."""

@@ -146,3 +146,17 @@ def get_model(name: str) -> ModelSpec:
             f"(aliases: {', '.join(ALIASES)})"
         )
     return MODELS[canonical]
+
+
+def check_tensor_parallel(model: ModelSpec, tensor_parallel_size: int) -> None:
+    """Refuse a TP size the cost models cannot price for ``model``: the layout rule both worlds
+    share (``engine/core/parallel.py``: TP divides the heads), then a power of two (the only
+    sizes the cost models price)."""
+    from engine.core.config import ConfigError
+    from engine.core.parallel import ParallelConfig
+
+    tp = tensor_parallel_size
+    ParallelConfig(tensor_parallel_size=tp).check_model(
+        model.num_heads, model.num_kv_heads, model.num_layers, model.name)
+    if tp & (tp - 1):
+        raise ConfigError(f"tensor_parallel_size must be a power of two >= 1, got {tp}")

@@ -24,7 +24,7 @@ from engine.core.config import EngineConfig
 from engine.core.engine_core import EngineCore
 from engine.core.events import EventKind, EventLog
 from engine.core.interfaces import CostModel
-from engine.core.outputs import EngineCoreOutput
+from engine.core.outputs import EngineCoreOutput, SchedulerOutput
 from engine.core.request import Request
 from sim.config import FrontendConfig
 from sim.executor import PLACEHOLDER_TOKEN_ID, SimExecutor
@@ -67,6 +67,8 @@ class EngineReplica:
         self._on_request_done = on_request_done
         self.inputs: list[tuple[float, int, Request]] = []  # (engine arrival, seq, request)
         self._gpu_free_s = 0.0
+        # pipeline stages: when each stage's GPUs are free (PP > 1 only)
+        self._stage_free_s = [0.0] * engine_config.pipeline_parallel_size
         self._pending: dict[int, tuple[float, float, float]] = {}  # step -> start, end, cost
         # (update time, running, waiting, kv usage) reported by recent steps, for routers
         self._reports: deque[tuple[float, int, int, float]] = deque()
@@ -117,7 +119,9 @@ class EngineReplica:
     def _one_iteration(self, now: float) -> float:
         core, fe = self.core, self.frontend
         out = core.begin_step(now)
-        if out is not None:
+        if out is not None and self.executor.pipelined:
+            now = self._submit_to_pipeline(out, now)
+        elif out is not None:
             now += fe.schedule_overhead_s + fe.schedule_s_per_request * len(
                 out.num_scheduled_tokens
             )
@@ -147,6 +151,34 @@ class EngineReplica:
             self._deliver(oldest.step_id, now, outputs)
             now += fe.update_overhead_s
         return now
+
+    def _submit_to_pipeline(self, out: SchedulerOutput, now: float) -> float:
+        """Schedule ``out`` on the pipeline: after the host prepares it, stage ``s`` runs it
+        when the batch has reached it and the stage is free; each stage but the last then
+        sends the hidden states on (its GPUs busy meanwhile). Returns the engine's time after
+        the launch. A stage idle while waiting is a bubble."""
+        fe = self.frontend
+        now += fe.schedule_overhead_s + fe.schedule_s_per_request * len(out.num_scheduled_tokens)
+        pipe = self.executor.stage_times(out)
+        assert pipe is not None
+        ready = now + pipe.host_s
+        stage_free = self._stage_free_s
+        stage_s = list(pipe.stage_s)
+        if self._wakeup_s and out.total_num_scheduled_tokens:
+            stage_s[0] += self._wakeup_s
+            self._wakeup_s = 0.0
+        t = ready
+        start = -1.0
+        for s, duration in enumerate(stage_s):
+            begin = t if t > stage_free[s] else stage_free[s]
+            if start < 0.0:
+                start = begin
+            t = begin + duration
+            if s < len(pipe.send_s):
+                t += pipe.send_s[s]
+            stage_free[s] = t
+        self._pending[out.step_id] = (start, t, t - start)
+        return ready + pipe.launch_s
 
     def _report(self, update_s: float) -> None:
         if not self.report_state:

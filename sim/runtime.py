@@ -55,6 +55,7 @@ from sim.cluster import (
     check_router,
 )
 from sim.config import SimConfig, resolve_engine_config
+from sim.models import ModelSpec
 from sim.replica import STEP_ID_STRIDE, EngineReplica
 from sim.sharding import Shard, plan_shards
 from sim.stages import APIServerPool, FrontendTimes
@@ -130,14 +131,30 @@ class SimResult:
 
 def make_cost_model(cfg: SimConfig, engine_config: EngineConfig | None = None) -> CostModel:
     """The cost model ``cfg.cost_model`` names ("auto": ``cfg.resolved_cost_model``); the vLLM
-    step model sizes its CUDA graphs from the engine's scheduler budgets."""
+    step model sizes its CUDA graphs from the engine's scheduler budgets. With pipeline stages
+    it prices each stage (``sim.cost.pipeline``) and the sends between them."""
+    if cfg.pipeline_parallel_size > 1:
+        from sim.cost.pipeline import PipelineCostModel
+        from sim.network import get_network, stage_links
+
+        links = stage_links(cfg.gpu_spec, get_network(cfg.network), cfg.tensor_parallel_size,
+                            cfg.pipeline_parallel_size, cfg.gpus_per_node)
+        return PipelineCostModel(
+            cfg.model_spec, cfg.pipeline_parallel_size, cfg.tensor_parallel_size,
+            lambda stage: _stage_cost_model(cfg, stage, engine_config), links,
+        )
+    return _stage_cost_model(cfg, cfg.model_spec, engine_config)
+
+
+def _stage_cost_model(
+    cfg: SimConfig, model_spec: ModelSpec, engine_config: EngineConfig | None
+) -> CostModel:
+    """The cost model for ``model_spec`` (the whole model, or one stage's layers of it)."""
     name = cfg.resolved_cost_model
     if name == "roofline":
         from sim.cost.roofline import RooflineCostModel
 
-        return RooflineCostModel(
-            cfg.model_spec, cfg.gpu_spec, cfg.tensor_parallel_size, cfg.roofline
-        )
+        return RooflineCostModel(model_spec, cfg.gpu_spec, cfg.tensor_parallel_size, cfg.roofline)
     if name == "vllm":
         from sim.cost.cuda_graphs import CudaGraphPlan
         from sim.cost.vllm_step import VllmStepCostModel
@@ -148,7 +165,7 @@ def make_cost_model(cfg: SimConfig, engine_config: EngineConfig | None = None) -
             cfg.cuda_graphs, sched.max_num_seqs, sched.max_num_batched_tokens, gpu.sm_version,
         )
         return VllmStepCostModel(
-            cfg.model_spec, gpu, cfg.tensor_parallel_size,
+            model_spec, gpu, cfg.tensor_parallel_size,
             weight_dtype="fp8" if cfg.fp8_weights else "bfloat16",
             kv_cache_dtype="fp8" if cfg.fp8_kv_cache else "bfloat16",
             graphs=graphs, host=cfg.host_costs,

@@ -270,10 +270,35 @@ class CacheConfig:
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
-    """Everything an ``EngineCore`` needs: scheduling knobs and the KV cache it manages."""
+    """Everything an ``EngineCore`` needs: scheduling knobs, the KV cache it manages and the
+    pipeline depth of the executor behind it.
+
+    Invariant (vLLM 0.33's V1 model runner): async scheduling and pipeline parallelism exclude
+    each other — with ``pipeline_parallel_size > 1`` the scheduler is synchronous and the batch
+    queue holds one batch per stage (``max_concurrent_batches``).
+    """
 
     scheduler: SchedulerConfig = dataclasses.field(default_factory=SchedulerConfig)
     cache: CacheConfig = dataclasses.field(default_factory=CacheConfig)
+    pipeline_parallel_size: int = 1  # pipeline stages of the executor (batches in flight)
+
+    def __post_init__(self) -> None:
+        pp = self.pipeline_parallel_size
+        _require(is_int(pp) and pp >= 1,
+                 f"pipeline_parallel_size must be a positive integer, got {pp!r}")
+        _require(
+            pp == 1 or not self.scheduler.async_scheduling,
+            "async scheduling is not supported with pipeline parallelism (vLLM 0.33's V1 "
+            "model runner refuses it too); turn async scheduling off",
+        )
+
+    @property
+    def max_concurrent_batches(self) -> int:
+        """The size of the engine's batch queue, as vLLM's ``VllmConfig.max_concurrent_batches``:
+        one batch per pipeline stage, 2 under async scheduling, else 1."""
+        if self.pipeline_parallel_size > 1:
+            return self.pipeline_parallel_size
+        return 2 if self.scheduler.async_scheduling else 1
 
 
 @dataclass(frozen=True, slots=True)

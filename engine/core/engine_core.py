@@ -3,8 +3,10 @@
 ``begin_step(now)`` schedules a batch (if the scheduler has requests) and puts it in flight;
 the driver hands it to its executor; ``must_finish_step()`` says whether the driver must now
 wait for the *oldest* in-flight batch — that is vLLM's ``step_with_batch_queue`` rule, with a
-queue depth of 1 (synchronous ``step()``) or 2 (async scheduling: step N+1 is scheduled before
-step N's output is applied); ``finish_step(out, runner_out, now)`` applies it.
+queue of ``EngineConfig.max_concurrent_batches``: 1 (synchronous ``step()``), 2 (async
+scheduling: step N+1 is scheduled before step N's output is applied) or the pipeline-parallel
+degree (one batch per stage, synchronous scheduler); ``finish_step(out, runner_out, now)``
+applies it.
 
 The core never reads a clock: every method takes ``now``. It writes the request events of
 ARCHITECTURE.md §4 that happen inside the engine (enqueued, scheduled, preempted, tokens,
@@ -55,7 +57,7 @@ class EngineCore:
         self.replica = replica  # data-parallel rank (engines may share one event log)
         self.scheduler = Scheduler(config, first_step_id=first_step_id)
         self.event_log = event_log if event_log is not None else EventLog()
-        self.batch_queue_size = 2 if config.scheduler.async_scheduling else 1
+        self.batch_queue_size = config.max_concurrent_batches
         self._in_flight: deque[_InFlight] = deque()
         self._must_finish = False
         self._first_token_seen: set[str] = set()
@@ -130,9 +132,10 @@ class EngineCore:
     def find_bulk_run(self, token_id: int) -> BulkRun | None:
         """Before ``begin_step``: the iterations that could be bulk-applied from here (see
         ``engine/core/bulk``). A run starts with one batch in flight under async scheduling and
-        with none otherwise."""
+        with none otherwise; a pipeline-parallel engine (several synchronous batches in flight)
+        runs step by step."""
         in_flight = self._in_flight
-        if len(in_flight) != self.batch_queue_size - 1:
+        if self.config.pipeline_parallel_size > 1 or len(in_flight) != self.batch_queue_size - 1:
             return None
         pending = in_flight[0].sched_out if in_flight else None
         return find_bulk_run(self.scheduler, pending, token_id)

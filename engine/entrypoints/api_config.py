@@ -26,6 +26,9 @@ class APIServerConfig:
     record_dir: str | None = None  # write this server's stage records here at shutdown
     shutdown_timeout_s: float = 5.0  # in-flight requests get this long at shutdown
     log_level: str = "warning"
+    coordinator_address: str | None = None  # the DP coordinator's PUB (DP > 1): engine loads
+    router: str = "vllm"  # how this server picks an engine per request (engine/core/routing.py)
+    router_load_cap: int = 8  # prefix_aware: extra in-flight requests tolerated for a hit
 
 
 #: Messages on the lifeline between the launcher and an API server.

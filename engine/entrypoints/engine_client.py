@@ -10,6 +10,12 @@ vLLM's) decodes each ``EngineOutputs`` message and, per request, detokenizes the
 checks stop strings (a match finishes the request here and aborts it in the engine), records
 metrics, and puts a ``Delta`` into the request's ``OutputStream``. When the engine dies, every
 stream fails with ``EngineDeadError`` and new requests are refused.
+
+With several engines (``-dp N``) each request goes to the engine the router picks — the
+simulator's routers (``engine/core/routing.py``), fed with this server's own requests in
+flight per engine, every engine's running/waiting/KV usage as the DP coordinator last
+published them (a SUB socket read by a second task), and, for ``prefix_aware``, this server's
+index of the prompt blocks it sent to each engine (``prefix_index.py``).
 """
 
 from __future__ import annotations
@@ -23,8 +29,10 @@ from dataclasses import dataclass
 import zmq
 import zmq.asyncio
 
+from engine.core.routing import ReplicaView, Router, make_router
 from engine.core.sampling_params import SamplingParams
 from engine.entrypoints.metrics import ServerMetrics
+from engine.entrypoints.prefix_index import PrefixIndex
 from engine.entrypoints.records import StageRecorder
 from engine.entrypoints.stream import Delta, OutputStream, RequestText
 from engine.entrypoints.wire import (
@@ -33,8 +41,10 @@ from engine.entrypoints.wire import (
     Codec,
     EngineDead,
     EngineInfo,
+    EngineLoad,
     EngineOutputs,
     EngineReady,
+    LoadSnapshot,
     engine_identity,
 )
 
@@ -71,9 +81,19 @@ class AsyncEngineClient:
         clock: Callable[[], float],
         model_name: str,
         recorder: StageRecorder | None = None,
+        coordinator_address: str | None = None,
+        router: str = "vllm",
+        router_load_cap: int = 8,
     ) -> None:
         self.client_index = client_index
         self.num_engines = num_engines
+        self.router: Router | None = (
+            make_router(router, router_load_cap) if num_engines > 1 else None)
+        self.router_name = router
+        self.loads = [EngineLoad(i, 0, 0, 0.0) for i in range(num_engines)]
+        self.num_outstanding = [0] * num_engines  # this server's live requests per engine
+        self.num_routed = [0] * num_engines  # requests this server sent to each engine
+        self._prefixes: PrefixIndex | None = None
         self.clock = clock
         self.model_name = model_name
         self.recorder = recorder
@@ -86,10 +106,18 @@ class AsyncEngineClient:
         self._pull = self._ctx.socket(zmq.PULL)
         self._pull.setsockopt(zmq.LINGER, 0)
         self._pull.bind(output_address)
+        self._sub: zmq.asyncio.Socket | None = None
+        if coordinator_address is not None and num_engines > 1:
+            self._sub = self._ctx.socket(zmq.SUB)
+            self._sub.setsockopt(zmq.LINGER, 0)
+            self._sub.setsockopt(zmq.SUBSCRIBE, b"")
+            self._sub.connect(coordinator_address)
+        self._load_task: asyncio.Task[None] | None = None
         self._live: dict[str, _Live] = {}
         self._output_task: asyncio.Task[None] | None = None
         self.info: EngineInfo | None = None
-        self.metrics: ServerMetrics | None = None
+        self.metrics: ServerMetrics | None = None  # engine 0's (the only one without DP)
+        self.engine_metrics: list[ServerMetrics] = []
         self.dead_reason: str | None = None
         self._dead = asyncio.Event()
 
@@ -131,17 +159,26 @@ class AsyncEngineClient:
             dead.cancel()
         assert info is not None
         self.info = info
-        self.metrics = ServerMetrics(self.model_name, info.max_model_len)
+        self.engine_metrics = [ServerMetrics(self.model_name, info.max_model_len, i)
+                               for i in range(self.num_engines)]
+        self.metrics = self.engine_metrics[0]
+        if self.router_name == "prefix_aware" and self.num_engines > 1:
+            self._prefixes = PrefixIndex(self.num_engines, info.block_size)
         self._output_task = asyncio.create_task(self._output_loop(), name="output-handler")
+        if self._sub is not None:
+            self._load_task = asyncio.create_task(self._load_loop(), name="dp-loads")
         return info
 
     async def close(self) -> None:
-        if self._output_task is not None:
-            self._output_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._output_task
+        for task in (self._output_task, self._load_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         self._router.close()
         self._pull.close()
+        if self._sub is not None:
+            self._sub.close()
         self._ctx.term()
 
     def mark_dead(self, reason: str) -> None:
@@ -172,7 +209,7 @@ class AsyncEngineClient:
         """Send a request to the engine; its deltas arrive on the returned stream."""
         if self.dead_reason is not None:
             raise EngineDeadError(f"the engine died: {self.dead_reason}")
-        engine_index = 0
+        engine_index = self._route(prompt_token_ids)
         stream = OutputStream()
         self._live[req_id] = _Live(stream, text, arrival_s, len(prompt_token_ids),
                                    params.max_tokens, engine_index)
@@ -181,9 +218,58 @@ class AsyncEngineClient:
         await self._send(engine_index, self.codec.encode(message))
         return stream
 
+    def _route(self, prompt_token_ids: list[int]) -> int:
+        """The engine this request goes to (the only one without data parallelism)."""
+        router = self.router
+        if router is None:
+            self.num_outstanding[0] += 1
+            self.num_routed[0] += 1
+            return 0
+        prefixes = self._prefixes
+        hashes = prefixes.block_hashes(prompt_token_ids) if prefixes is not None else []
+        views = [
+            ReplicaView(
+                index=i, num_outstanding=self.num_outstanding[i],
+                num_running=load.num_running, num_waiting=load.num_waiting,
+                kv_usage=load.kv_cache_usage,
+                cached_prefix_tokens=self._prefix_probe(i),
+            )
+            for i, load in enumerate(self.loads)
+        ]
+        chosen = router.choose(hashes, views)
+        if prefixes is not None:
+            prefixes.add(chosen, hashes)
+        self.num_outstanding[chosen] += 1
+        self.num_routed[chosen] += 1
+        return chosen
+
+    def _prefix_probe(self, engine: int) -> Callable[[list[int]], int]:
+        """How many leading tokens of a prompt (its block hashes) ``engine`` has seen."""
+        prefixes = self._prefixes
+        if prefixes is None:
+            return lambda hashes: 0
+
+        def probe(hashes: list[int]) -> int:
+            return prefixes.cached_tokens(engine, hashes)
+
+        return probe
+
+    def _done(self, live: _Live) -> None:
+        self.num_outstanding[live.engine_index] -= 1
+
+    async def _load_loop(self) -> None:
+        """Keep the DP coordinator's latest snapshot of every engine's load."""
+        assert self._sub is not None
+        while True:
+            message = self.codec.decode_engine(await self._sub.recv())
+            if isinstance(message, LoadSnapshot) and len(message.loads) == self.num_engines:
+                self.loads = list(message.loads)
+
     async def abort(self, req_id: str) -> None:
         """Stop a request (its client is gone); nothing if it already ended."""
         live = self._live.pop(req_id, None)
+        if live is not None:
+            self._done(live)
         if live is None or self.dead_reason is not None:
             return
         await self._send(live.engine_index, self.codec.encode(AbortRequests([req_id])))
@@ -212,8 +298,7 @@ class AsyncEngineClient:
     def _apply(self, message: EngineOutputs) -> dict[int, list[str]]:
         """Hand each request its delta; returns requests a stop string ended (to abort)."""
         now = self.clock()
-        metrics = self.metrics
-        assert metrics is not None
+        metrics = self.engine_metrics[message.engine_index]
         to_abort: dict[int, list[str]] = {}
         for update in message.outputs:
             live = self._live.get(update.req_id)
@@ -242,6 +327,7 @@ class AsyncEngineClient:
             if reason is None:
                 continue
             del self._live[update.req_id]
+            self._done(live)
             if update.error is None:
                 first = None if live.first_token_s is None else live.first_token_s - live.arrival_s
                 metrics.record_finished(

@@ -45,6 +45,7 @@ from engine.core.errors import UserError
 from engine.core.events import EventLog
 from engine.core.interfaces import Executor
 from engine.core.outputs import EngineCoreOutput
+from engine.core.process_name import set_process_name
 from engine.core.request import Request, SamplingParams
 from engine.entrypoints.clock import run_clock
 from engine.entrypoints.engine_stats import EngineStatsTracker
@@ -56,6 +57,7 @@ from engine.entrypoints.wire import (
     Codec,
     EngineDead,
     EngineInfo,
+    EngineLoad,
     EngineMessage,
     EngineOutputs,
     EngineReady,
@@ -93,8 +95,10 @@ class ServedEngine(Protocol):
 class EngineFactory(Protocol):
     """Builds the engine inside the EngineCore process (picklable: it crosses the spawn)."""
 
-    def build(self, clock: Callable[[], float]) -> ServedEngine:
-        """Load and warm up; ``clock`` is the run's clock (an emulated device sleeps on it)."""
+    def build(self, clock: Callable[[], float], data_parallel_rank: int = 0) -> ServedEngine:
+        """Load and warm up; ``clock`` is the run's clock (an emulated device sleeps on it);
+        replica ``data_parallel_rank`` of a DP deployment takes the devices after the
+        previous replicas' (``engine.core.parallel``'s rank order)."""
         ...
 
 
@@ -107,6 +111,11 @@ class EngineProcConfig:
     output_addresses: tuple[str, ...]  # one PULL per API server
     clock_origin_s: float  # the run's time 0 (engine.entrypoints.clock)
     record_path: str | None = None  # write the engine's event records here at shutdown
+    coordinator_address: str | None = None  # the DP coordinator's PULL (DP > 1): loads go there
+
+
+#: Output-queue destination of load reports: the DP coordinator's socket (the last one).
+_COORDINATOR = -1
 
 
 class _Shutdown:
@@ -135,8 +144,10 @@ class EngineCoreProc:
             device=engine.device,
         )
         self.inputs: queue.Queue[ClientMessage | _Shutdown] = queue.Queue()
+        # (API server index, or _COORDINATOR, message); None stops the output thread
         self._outputs: queue.Queue[tuple[int, EngineMessage] | None] = queue.Queue()
         self._client_of: dict[str, int] = {}  # live request -> API server index
+        self._last_load: EngineLoad | None = None  # last load sent to the DP coordinator
         self._received_s: dict[str, float] = {}  # input thread's receive times (recording)
         self._ctx = zmq.Context()
         self._stop_input = threading.Event()
@@ -261,6 +272,7 @@ class EngineCoreProc:
                 RequestUpdate(out.req_id, out.new_token_ids, reason, out.stop_reason, timing)
             )
         scheduler = self.core.scheduler
+        self._report_load()
         stats = tracker.stats(
             len(scheduler.running), len(scheduler.waiting), scheduler.kv_cache_manager.usage
         )
@@ -273,6 +285,17 @@ class EngineCoreProc:
         for client, updates in per_client.items():
             self._outputs.put((client, EngineOutputs(index, sid, now, updates, stats)))
             stats = None
+
+    def _report_load(self) -> None:
+        """Tell the DP coordinator this engine's load when it changed (DP > 1 only)."""
+        if self.cfg.coordinator_address is None:
+            return
+        scheduler = self.core.scheduler
+        load = EngineLoad(self.cfg.engine_index, len(scheduler.running), len(scheduler.waiting),
+                          round(scheduler.kv_cache_manager.usage, 4))
+        if load != self._last_load:
+            self._last_load = load
+            self._outputs.put((_COORDINATOR, load))
 
     def _maybe_fresh_log(self) -> None:
         """An idle engine that records nothing starts a fresh event log once the old one is
@@ -324,7 +347,10 @@ class EngineCoreProc:
     def _output_thread(self) -> None:
         codec = Codec()
         sockets = []
-        for address in self.cfg.output_addresses:
+        addresses = list(self.cfg.output_addresses)
+        if self.cfg.coordinator_address is not None:
+            addresses.append(self.cfg.coordinator_address)  # index _COORDINATOR (-1)
+        for address in addresses:
             sock = self._ctx.socket(zmq.PUSH)
             sock.setsockopt(zmq.LINGER, 2000)  # let the last outputs leave at shutdown
             sock.connect(address)
@@ -345,6 +371,7 @@ def run_engine_core(
     cfg: EngineProcConfig, factory: EngineFactory, lifeline: Connection
 ) -> None:
     """Entry point of the EngineCore process."""
+    set_process_name(f"EngineCore_DP{cfg.engine_index}")
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     clock = run_clock(cfg.clock_origin_s)
@@ -359,7 +386,7 @@ def run_engine_core(
     signal.signal(signal.SIGTERM, on_term)
     _watch_lifeline(lifeline, on_term)
     try:
-        engine = factory.build(clock)
+        engine = factory.build(clock, cfg.engine_index)
     except UserError as exc:  # e.g. a checkpoint that cannot be loaded: one line, no traceback
         print(f"twinserve: error: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)

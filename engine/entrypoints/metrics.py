@@ -17,6 +17,8 @@ Labels are vLLM's: ``model_name`` and ``engine`` (the EngineCore index).
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -52,21 +54,46 @@ def buckets_1_2_5(max_value: int) -> list[int]:
         scale *= 10
 
 
+_FAMILIES: dict[tuple[str, tuple[float, ...]], Gauge | Counter | Histogram] = {}
+
+
+def _family(kind: type[Gauge] | type[Counter] | type[Histogram], name: str, doc: str,
+            names: list[str], buckets: tuple[float, ...] = ()) -> Any:
+    """The process's one metric family of this name (created on first use), so that every
+    engine's ``ServerMetrics`` labels children of the same families."""
+    key = (name, buckets)
+    family = _FAMILIES.get(key)
+    if family is None:
+        if kind is Gauge:
+            family = Gauge(name, doc, names, multiprocess_mode="mostrecent")
+        elif kind is Histogram:
+            family = Histogram(name, doc, names, buckets=buckets)
+        else:
+            family = Counter(name, doc, names)
+        _FAMILIES[key] = family
+    return family
+
+
 class ServerMetrics:
-    """The metrics of one API server process (label values fixed at creation)."""
+    """The metrics of one API server process about one engine (label values fixed at
+    creation; with data parallelism there is one per engine, labelled by its index)."""
 
     def __init__(self, model_name: str, max_model_len: int, engine_index: int = 0) -> None:
         names = ["model_name", "engine"]
         values = (model_name, str(engine_index))
 
         def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(name, doc, names, multiprocess_mode="mostrecent").labels(*values)
+            family: Gauge = _family(Gauge, name, doc, names)
+            return family.labels(*values)
 
         def counter(name: str, doc: str) -> Counter:
-            return Counter(name, doc, names).labels(*values)
+            family: Counter = _family(Counter, name, doc, names)
+            return family.labels(*values)
 
         def histogram(name: str, doc: str, buckets: tuple[float, ...] | list[int]) -> Histogram:
-            return Histogram(name, doc, names, buckets=buckets).labels(*values)
+            family: Histogram = _family(Histogram, name, doc, names,
+                                        tuple(float(b) for b in buckets))
+            return family.labels(*values)
 
         self.running = gauge("vllm:num_requests_running",
                              "Number of requests in model execution batches.")
@@ -86,8 +113,9 @@ class ServerMetrics:
         self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
         self.generation_tokens = counter("vllm:generation_tokens",
                                          "Number of generation tokens processed.")
-        success = Counter("vllm:request_success", "Count of successfully processed requests.",
-                          [*names, "finished_reason"])
+        success: Counter = _family(Counter, "vllm:request_success",
+                                   "Count of successfully processed requests.",
+                                   [*names, "finished_reason"])
         self.success = {r: success.labels(*values, r) for r in FINISH_REASONS}
         token_buckets = buckets_1_2_5(max_model_len)
         self.request_prompt_tokens = histogram(

@@ -8,7 +8,10 @@ direction with one typed decoder and dispatches on the type:
 * EngineCore → API server (``EngineMessage``): ``EngineReady`` (the handshake, once per
   connection), ``EngineOutputs`` (one applied step's outputs for that API server's requests,
   with the scheduler's state attached to exactly one API server's message per step),
-  ``EngineDead`` (the engine's loop failed; every request in flight is lost).
+  ``EngineDead`` (the engine's loop failed; every request in flight is lost);
+* with data parallelism, EngineCore → DP coordinator ``EngineLoad`` (its queue lengths and KV
+  usage when they change) and DP coordinator → API servers ``LoadSnapshot`` (every engine's
+  last load, for the router).
 
 Times are seconds on the run's clock (``engine.entrypoints.clock``): every process of one
 server reads the same monotonic clock with the same origin.
@@ -114,7 +117,22 @@ class EngineDead(msgspec.Struct, tag="dead", array_like=True, frozen=True):
     reason: str
 
 
-EngineMessage = EngineReady | EngineOutputs | EngineDead
+class EngineLoad(msgspec.Struct, tag="load", array_like=True, frozen=True):
+    """One EngineCore's load after a step (what a DP router weighs)."""
+
+    engine_index: int
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float  # 1 - free / usable KV blocks
+
+
+class LoadSnapshot(msgspec.Struct, tag="snapshot", array_like=True, frozen=True):
+    """Every EngineCore's last reported load (index = engine index), from the coordinator."""
+
+    loads: list[EngineLoad]
+
+
+EngineMessage = EngineReady | EngineOutputs | EngineDead | EngineLoad | LoadSnapshot
 
 
 class Codec:

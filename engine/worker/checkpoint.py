@@ -10,7 +10,7 @@ a ``CheckpointError`` naming the file. Local paths only: nothing here touches a 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -56,8 +56,13 @@ def _shards_from_index(index: Path) -> list[Path]:
     return shards
 
 
-def iter_weights(model_dir: str | Path, device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield every tensor of the checkpoint, loaded onto ``device`` in its stored dtype."""
+def iter_weights(
+    model_dir: str | Path,
+    device: torch.device,
+    wanted: Callable[[str], bool] | None = None,
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield every tensor of the checkpoint (those ``wanted`` says a rank needs, when given),
+    loaded onto ``device`` in its stored dtype."""
     try:
         from safetensors import safe_open
     except ImportError as exc:  # pragma: no cover - depends on the environment
@@ -73,6 +78,8 @@ def iter_weights(model_dir: str | Path, device: torch.device) -> Iterator[tuple[
             raise CheckpointError(f"{file} is not a readable safetensors file: {exc}") from None
         with handle as f:
             for name in f.keys():  # noqa: SIM118 - safe_open handles are not mappings
+                if wanted is not None and not wanted(name):
+                    continue
                 try:
                     tensor = f.get_tensor(name)
                 except Exception as exc:

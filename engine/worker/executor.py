@@ -30,6 +30,7 @@ import torch
 from engine.core.config import SchedulerConfig
 from engine.core.outputs import BatchShape, ModelRunnerOutput, SchedulerOutput
 from engine.worker.config import WorkerConfig
+from engine.worker.distributed import SINGLE_RANK, ParallelContext
 from engine.worker.errors import KVCacheSizeError
 from engine.worker.kv_cache import (
     DEFAULT_CPU_KV_CACHE_BYTES,
@@ -55,15 +56,26 @@ class StepTiming:
 
 
 class TorchExecutor:
-    """One process, one device: model + KV cache + sampler behind ``execute_model``."""
+    """One process, one device: model + KV cache + sampler behind ``execute_model``.
+
+    Given a ``ParallelContext`` it is one rank of a parallel replica (what each worker process
+    of the multiprocess executor runs): its model is the rank's shard, its KV cache holds the
+    rank's layers and KV heads, and its block count is the smallest any rank of the replica
+    can hold (all ranks agree on it, so the scheduler sees one cache)."""
 
     def __init__(
-        self, config: WorkerConfig, scheduler_config: SchedulerConfig, block_size: int
+        self,
+        config: WorkerConfig,
+        scheduler_config: SchedulerConfig,
+        block_size: int,
+        ctx: ParallelContext = SINGLE_RANK,
+        device: torch.device | None = None,
     ) -> None:
         self.config = config
         self.scheduler_config = scheduler_config
         self.block_size = block_size
-        self.device = resolve_device(config.device)
+        self.ctx = ctx
+        self.device = device if device is not None else resolve_device(config.device)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)  # Triton launches on the current device
         self.model = load_model(
@@ -74,12 +86,16 @@ class TorchExecutor:
             load_format=config.load_format,
             seed=config.seed,
             dummy_weight_std=config.dummy_weight_std,
+            ctx=ctx,
         )
         self.model_config = self.model.config
         self.dtype = self.model.dtype
-        self.kv_spec = KVCacheSpec.for_model(self.model_config, block_size, self.dtype)
+        self.kv_spec = KVCacheSpec.for_shard(
+            len(self.model.layers), self.model.plan.num_kv_heads, self.model_config.head_dim,
+            block_size, self.dtype,
+        )
         self.runner = ModelRunner(self.model, [], block_size, Sampler(self.device, config.seed))
-        self.num_gpu_blocks = self._determine_num_blocks()
+        self.num_gpu_blocks = ctx.min_over_ranks(self._determine_num_blocks(), self.device)
         self.kv_cache_bytes = self.num_gpu_blocks * self.kv_spec.bytes_per_block
         try:
             self.runner.kv_caches = allocate_kv_caches(

@@ -57,6 +57,12 @@ class KVCacheSpec:
             dtype,
         )
 
+    @staticmethod
+    def for_shard(num_layers: int, num_kv_heads: int, head_dim: int, block_size: int,
+                  dtype: torch.dtype) -> KVCacheSpec:
+        """One rank's cache: its stage's layers and its (possibly replicated) KV heads."""
+        return KVCacheSpec(num_layers, block_size, num_kv_heads, head_dim, dtype)
+
     @property
     def bytes_per_block(self) -> int:
         """K and V of ``block_size`` tokens across all layers."""

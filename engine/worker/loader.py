@@ -12,6 +12,7 @@ import torch
 from engine.core.config import ConfigError
 from engine.worker.attention import PagedAttention
 from engine.worker.checkpoint import iter_weights
+from engine.worker.distributed import SINGLE_RANK, ParallelContext
 from engine.worker.errors import DeviceError
 from engine.worker.model import LlamaModel
 from engine.worker.model_config import ModelConfig, canonical_dtype, load_model_config
@@ -66,18 +67,27 @@ def load_model(
     load_format: str = "safetensors",
     seed: int = 0,
     dummy_weight_std: float = 0.02,
+    ctx: ParallelContext = SINGLE_RANK,
 ) -> LlamaModel:
-    """The model of ``model_dir/config.json`` with its weights loaded (or dummy weights)."""
+    """The model of ``model_dir/config.json`` with its weights loaded (or dummy weights) — or
+    this rank's shard of it: only the tensors of its pipeline stage are read, and each is cut
+    to its tensor-parallel slice (``engine.worker.shard``)."""
     model_config = load_model_config(model_dir)
+    place = ctx.place
+    place.parallel.check_model(
+        model_config.num_attention_heads, model_config.num_key_value_heads,
+        model_config.num_hidden_layers, model_dir,
+    )
     dev = device if isinstance(device, torch.device) else resolve_device(device)
     model = LlamaModel(
         model_config,
         make_attention(model_config, dev, attention_backend),
         dtype=resolve_dtype(dtype, model_config),
         device=dev,
+        ctx=ctx,
     )
     if load_format == "dummy":
         model.init_dummy_weights(seed, dummy_weight_std)
     else:
-        model.load_weights(iter_weights(model_dir, dev), model_dir)
+        model.load_weights(iter_weights(model_dir, dev, wanted=model.wants_weight), model_dir)
     return model

@@ -11,6 +11,17 @@ batch dimension); ``AttentionMetadata`` says which rows belong to which sequence
 gate/up are fused into one matmul each at load time (``load_weights`` maps the Hugging Face
 tensor names onto the fused parameters and checks every shape). Attention goes through
 ``PagedAttention`` — the kernels' backend switch — over per-layer ``(k_cache, v_cache)``.
+
+Parallelism (vLLM's ``ColumnParallelLinear``/``RowParallelLinear``/``VocabParallelEmbedding``,
+through ``engine.worker.distributed.ParallelContext``): with TP ranks, QKV and gate/up are
+column-parallel (each rank holds its heads and its slice of the MLP width; KV heads are
+replicated when TP exceeds them), O and down are row-parallel (partial sums all-reduced, the
+bias added once after), the embedding and the LM head are vocab-parallel (each rank holds a
+contiguous slice of the vocabulary: out-of-slice ids embed to zero before the all-reduce, the
+logits are all-gathered). With pipeline stages a rank builds only its stage's decoder layers
+(``engine.core.parallel.pp_layer_range``); the first stage embeds, the last holds the final norm
+and the LM head (a copy of the embedding when they are tied and on different stages).
+``load_weights`` copies each rank's shard of every checkpoint tensor (``shard_plan``).
 """
 
 from __future__ import annotations
@@ -23,10 +34,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.core.parallel import pp_layer_range
 from engine.worker.attention import AttentionMetadata, PagedAttention
+from engine.worker.distributed import SINGLE_RANK, ParallelContext
 from engine.worker.errors import CheckpointError
 from engine.worker.model_config import ModelConfig
 from engine.worker.rope import RotaryEmbedding, apply_rotary
+from engine.worker.shard import ShardPlan, WeightTarget, shard_plan
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # (k_cache, v_cache) of one layer
 
@@ -68,19 +82,46 @@ class RMSNorm(nn.Module):
         return out
 
 
-class Attention(nn.Module):
-    """Fused QKV projection, RoPE, paged attention, output projection."""
+class RowParallelLinear(nn.Module):
+    """``y = all_reduce(x_shard @ W_shard^T) + b``: the input dimension is split over the TP
+    ranks; the bias (whole on every rank) is added once, after the reduction."""
 
-    def __init__(self, config: ModelConfig, attention: PagedAttention, spec: _Placement) -> None:
+    def __init__(self, in_local: int, out_features: int, bias: bool, spec: _Placement,
+                 ctx: ParallelContext) -> None:
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
+        self.linear = _linear(in_local, out_features, False, spec)
+        self.bias = (
+            nn.Parameter(torch.zeros(out_features, dtype=spec.dtype, device=spec.device),
+                         requires_grad=False) if bias else None
+        )
+        self.ctx = ctx
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.linear.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.ctx.all_reduce(self.linear(x))
+        if self.bias is not None:
+            out = out + self.bias
+        return out
+
+
+class Attention(nn.Module):
+    """Fused QKV projection (column-parallel), RoPE, paged attention over this rank's heads,
+    output projection (row-parallel)."""
+
+    def __init__(self, config: ModelConfig, attention: PagedAttention, spec: _Placement,
+                 plan: ShardPlan, ctx: ParallelContext) -> None:
+        super().__init__()
+        self.num_heads = plan.num_heads
+        self.num_kv_heads = plan.num_kv_heads
         self.head_dim = config.head_dim
-        self.q_size, self.kv_size = config.q_size, config.kv_size
+        self.q_size, self.kv_size = plan.q_size, plan.kv_size
         self.qkv_proj = _linear(
             config.hidden_size, self.q_size + 2 * self.kv_size, config.qkv_bias, spec
         )
-        self.o_proj = _linear(self.q_size, config.hidden_size, config.o_bias, spec)
+        self.o_proj = RowParallelLinear(self.q_size, config.hidden_size, config.o_bias, spec, ctx)
         self.attention = attention
 
     def forward(
@@ -102,16 +143,18 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """SwiGLU: ``down(silu(gate(x)) * up(x))`` with gate and up fused into one matmul."""
+    """SwiGLU: ``down(silu(gate(x)) * up(x))`` with gate and up fused into one matmul
+    (column-parallel: this rank's slice of the width) and down row-parallel."""
 
-    def __init__(self, config: ModelConfig, spec: _Placement) -> None:
+    def __init__(self, config: ModelConfig, spec: _Placement, plan: ShardPlan,
+                 ctx: ParallelContext) -> None:
         super().__init__()
-        self.intermediate_size = config.intermediate_size
+        self.intermediate_size = plan.intermediate_size
         self.gate_up_proj = _linear(
-            config.hidden_size, 2 * config.intermediate_size, config.mlp_bias, spec
+            config.hidden_size, 2 * plan.intermediate_size, config.mlp_bias, spec
         )
-        self.down_proj = _linear(
-            config.intermediate_size, config.hidden_size, config.mlp_bias, spec
+        self.down_proj = RowParallelLinear(
+            plan.intermediate_size, config.hidden_size, config.mlp_bias, spec, ctx
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -123,12 +166,13 @@ class MLP(nn.Module):
 class DecoderLayer(nn.Module):
     """Pre-norm residual block: attention then MLP."""
 
-    def __init__(self, config: ModelConfig, attention: PagedAttention, spec: _Placement) -> None:
+    def __init__(self, config: ModelConfig, attention: PagedAttention, spec: _Placement,
+                 plan: ShardPlan, ctx: ParallelContext) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, spec)
-        self.self_attn = Attention(config, attention, spec)
+        self.self_attn = Attention(config, attention, spec, plan, ctx)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, spec)
-        self.mlp = MLP(config, spec)
+        self.mlp = MLP(config, spec, plan, ctx)
 
     def forward(
         self,
@@ -144,7 +188,8 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    """Embedding, decoder layers, final norm and LM head of a Llama-family model."""
+    """Embedding, decoder layers, final norm and LM head of a Llama-family model — or of this
+    rank's shard of it (``ctx``: its tensor rank and pipeline stage)."""
 
     def __init__(
         self,
@@ -153,25 +198,39 @@ class LlamaModel(nn.Module):
         *,
         dtype: torch.dtype,
         device: torch.device,
+        ctx: ParallelContext = SINGLE_RANK,
     ) -> None:
         super().__init__()
         spec = _Placement(dtype, device)
+        place = ctx.place
         self.config = config
         self.dtype = dtype
         self.device = device
-        self.embed_tokens = cast(nn.Embedding, nn.utils.skip_init(  # type: ignore[no-untyped-call]
-            nn.Embedding, config.vocab_size, config.hidden_size, dtype=dtype, device=device
-        ))
+        self.ctx = ctx
+        self.plan = plan = shard_plan(config, place.tp_size, place.tp_rank)
+        self.layer_range = pp_layer_range(config.num_hidden_layers, place.pp_size, place.pp_rank)
+        self.is_first_stage = place.is_first_stage
+        self.is_last_stage = place.is_last_stage
+        self.embed_tokens: nn.Embedding | None = None
+        if place.is_first_stage or (place.is_last_stage and config.tie_word_embeddings):
+            self.embed_tokens = cast(nn.Embedding, nn.utils.skip_init(  # type: ignore[no-untyped-call]
+                nn.Embedding, plan.vocab_per_rank, config.hidden_size, dtype=dtype,
+                device=device,
+            ))
         self.layers = nn.ModuleList(
-            DecoderLayer(config, attention, spec) for _ in range(config.num_hidden_layers)
+            DecoderLayer(config, attention, spec, plan, ctx) for _ in self.layer_range
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, spec)
         self.lm_head = (
-            None if config.tie_word_embeddings
-            else _linear(config.hidden_size, config.vocab_size, False, spec)
+            None if config.tie_word_embeddings or not place.is_last_stage
+            else _linear(config.hidden_size, plan.vocab_per_rank, False, spec)
         )
         self.rotary = RotaryEmbedding(config.rope, config.head_dim, device)
         self.requires_grad_(False)
+        if plan.vocab_per_rank * plan.tp_size != config.vocab_size:
+            for table in (self.embed_tokens, self.lm_head):
+                if table is not None:
+                    table.weight.data.zero_()  # the padding rows past the vocabulary stay 0
 
     @property
     def attention(self) -> PagedAttention:
@@ -191,84 +250,121 @@ class LlamaModel(nn.Module):
         positions: torch.Tensor,
         kv_caches: Sequence[KVCache],
         meta: AttentionMetadata,
+        hidden: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Hidden states ``[num_tokens, hidden]`` before the final norm."""
-        h: torch.Tensor = self.embed_tokens(input_ids)
+        """Hidden states ``[num_tokens, hidden]`` after this stage's layers (before the final
+        norm): the first stage embeds ``input_ids``, later stages continue from ``hidden``."""
+        h: torch.Tensor = self.embed(input_ids) if hidden is None else hidden
         cos, sin = self.rotary.cos_sin(positions, h.dtype)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             h = layer(h, cos, sin, kv_cache, meta)
         return h
 
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Vocab-parallel embedding: ids outside this rank's slice embed to zero, then the
+        TP ranks' rows are summed."""
+        table = self.embed_tokens
+        assert table is not None, "only the first pipeline stage embeds"
+        plan = self.plan
+        if plan.tp_size == 1:
+            out: torch.Tensor = table(input_ids)
+            return out
+        local = input_ids - plan.vocab_start
+        outside = (local < 0) | (local >= plan.vocab_per_rank)
+        rows = table(local.masked_fill(outside, 0))
+        rows.masked_fill_(outside.unsqueeze(-1), 0.0)
+        return self.ctx.all_reduce(rows)
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """fp32 logits ``[rows, vocab]`` of the given (un-normed) hidden rows."""
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(self.norm(hidden), weight).float()
+        """fp32 logits ``[rows, vocab]`` of the given (un-normed) hidden rows (last stage):
+        each TP rank's vocabulary slice, all-gathered."""
+        head = self.lm_head if self.lm_head is not None else self.embed_tokens
+        assert head is not None, "only the last pipeline stage computes logits"
+        logits = F.linear(self.norm(hidden), head.weight)
+        if self.plan.tp_size > 1:
+            logits = self.ctx.all_gather_last_dim(logits)[:, : self.config.vocab_size]
+        return logits.float()
 
     # -- weights --------------------------------------------------------------------------------
+    def wants_weight(self, name: str) -> bool:
+        """Whether this rank reads the checkpoint tensor ``name``: its stage's tensors, and any
+        tensor it does not know (so that ``load_weights`` can name it)."""
+        if _is_layer_weight(name):
+            return name in self._weight_targets()
+        known = ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight")
+        return name not in known or name in self._weight_targets()
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], where: str) -> None:
-        """Copy Hugging Face-named tensors into the (fused) parameters; all must be present."""
+        """Copy this rank's shard of every Hugging Face-named tensor into the (fused)
+        parameters; every tensor this rank needs must be present."""
         params = dict(self.named_parameters())
         targets = self._weight_targets()
         loaded: set[str] = set()
         for name, tensor in weights:
-            if _IGNORED.match(name) or (name == "lm_head.weight" and self.lm_head is None):
+            if _IGNORED.match(name) or (name == "lm_head.weight"
+                                        and self.config.tie_word_embeddings):
                 continue
             if name not in targets:
+                if _is_layer_weight(name):
+                    continue  # another pipeline stage's layer
                 raise CheckpointError(f"{where}: unexpected tensor {name!r} for this architecture")
-            param_name, start, length = targets[name]
-            dest = params[param_name].data
-            if start is not None:
-                dest = dest.narrow(0, start, length)
-            if tuple(tensor.shape) != tuple(dest.shape):
-                raise CheckpointError(
-                    f"{where}: tensor {name!r} has shape {tuple(tensor.shape)}, expected "
-                    f"{tuple(dest.shape)} from config.json"
-                )
-            dest.copy_(tensor.to(device=dest.device, dtype=dest.dtype))
+            for target in targets[name]:
+                target.copy(tensor, params[target.param], name, where)
             loaded.add(name)
         missing = sorted(set(targets) - loaded)
         if missing:
             more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
             raise CheckpointError(f"{where}: missing tensor(s) {', '.join(missing[:3])}{more}")
 
-    def _weight_targets(self) -> dict[str, tuple[str, int | None, int]]:
-        """HF tensor name → (our parameter, first row of its shard or None, rows)."""
-        c = self.config
-        targets: dict[str, tuple[str, int | None, int]] = {
-            "model.embed_tokens.weight": ("embed_tokens.weight", None, 0),
-            "model.norm.weight": ("norm.weight", None, 0),
-        }
-        if self.lm_head is not None:
-            targets["lm_head.weight"] = ("lm_head.weight", None, 0)
-        q, kv, inter = c.q_size, c.kv_size, c.intermediate_size
-        shards = {
-            "self_attn.q_proj": ("self_attn.qkv_proj", 0, q),
-            "self_attn.k_proj": ("self_attn.qkv_proj", q, kv),
-            "self_attn.v_proj": ("self_attn.qkv_proj", q + kv, kv),
-            "mlp.gate_proj": ("mlp.gate_up_proj", 0, inter),
-            "mlp.up_proj": ("mlp.gate_up_proj", inter, inter),
-        }
-        plain = ["self_attn.o_proj", "mlp.down_proj"]
-        for i in range(c.num_hidden_layers):
-            hf, ours = f"model.layers.{i}.", f"layers.{i}."
+    def _weight_targets(self) -> dict[str, list[WeightTarget]]:
+        """HF tensor name → where this rank's shard of it goes (computed once)."""
+        cached: dict[str, list[WeightTarget]] | None = self.__dict__.get("_targets")
+        if cached is None:
+            cached = self.__dict__["_targets"] = self._make_weight_targets()
+        return cached
+
+    def _make_weight_targets(self) -> dict[str, list[WeightTarget]]:
+        c, plan = self.config, self.plan
+        targets: dict[str, list[WeightTarget]] = {}
+
+        def add(hf: str, target: WeightTarget) -> None:
+            targets.setdefault(hf, []).append(target)
+
+        if self.embed_tokens is not None:
+            rows = plan.vocab_rows()
+            if self.is_first_stage:
+                add("model.embed_tokens.weight", rows.into("embed_tokens.weight"))
+            if self.lm_head is None and self.is_last_stage and not self.is_first_stage:
+                add("model.embed_tokens.weight", rows.into("embed_tokens.weight"))
+        if self.is_last_stage:
+            add("model.norm.weight", WeightTarget.whole("norm.weight"))
+            if self.lm_head is not None:
+                add("lm_head.weight", plan.vocab_rows().into("lm_head.weight"))
+        for local, i in enumerate(self.layer_range):
+            hf, ours = f"model.layers.{i}.", f"layers.{local}."
             for norm in ("input_layernorm", "post_attention_layernorm"):
-                targets[f"{hf}{norm}.weight"] = (f"{ours}{norm}.weight", None, 0)
-            for kind, has_bias in (("weight", True), ("bias", c.qkv_bias)):
-                if not has_bias:
-                    continue
-                for src in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"):
-                    dst, start, rows = shards[src]
-                    targets[f"{hf}{src}.{kind}"] = (f"{ours}{dst}.{kind}", start, rows)
-            for src in ("mlp.gate_proj", "mlp.up_proj"):
-                dst, start, rows = shards[src]
-                targets[f"{hf}{src}.weight"] = (f"{ours}{dst}.weight", start, rows)
-                if c.mlp_bias:
-                    targets[f"{hf}{src}.bias"] = (f"{ours}{dst}.bias", start, rows)
-            for src in plain:
-                targets[f"{hf}{src}.weight"] = (f"{ours}{src}.weight", None, 0)
-                if (src == "self_attn.o_proj" and c.o_bias) or (src == "mlp.down_proj"
-                                                                 and c.mlp_bias):
-                    targets[f"{hf}{src}.bias"] = (f"{ours}{src}.bias", None, 0)
+                add(f"{hf}{norm}.weight", WeightTarget.whole(f"{ours}{norm}.weight"))
+            kinds = ("weight", "bias") if c.qkv_bias else ("weight",)
+            for kind in kinds:
+                dest = f"{ours}self_attn.qkv_proj.{kind}"
+                add(f"{hf}self_attn.q_proj.{kind}", plan.q_rows(0).into(dest))
+                add(f"{hf}self_attn.k_proj.{kind}", plan.kv_rows(plan.q_size).into(dest))
+                add(f"{hf}self_attn.v_proj.{kind}",
+                    plan.kv_rows(plan.q_size + plan.kv_size).into(dest))
+            add(f"{hf}self_attn.o_proj.weight",
+                plan.q_columns().into(f"{ours}self_attn.o_proj.linear.weight"))
+            if c.o_bias:
+                add(f"{hf}self_attn.o_proj.bias",
+                    WeightTarget.whole(f"{ours}self_attn.o_proj.bias"))
+            mlp_kinds = ("weight", "bias") if c.mlp_bias else ("weight",)
+            for kind in mlp_kinds:
+                dest = f"{ours}mlp.gate_up_proj.{kind}"
+                add(f"{hf}mlp.gate_proj.{kind}", plan.mlp_rows(0).into(dest))
+                add(f"{hf}mlp.up_proj.{kind}", plan.mlp_rows(plan.intermediate_size).into(dest))
+            add(f"{hf}mlp.down_proj.weight",
+                plan.mlp_columns().into(f"{ours}mlp.down_proj.linear.weight"))
+            if c.mlp_bias:
+                add(f"{hf}mlp.down_proj.bias", WeightTarget.whole(f"{ours}mlp.down_proj.bias"))
         return targets
 
     def init_dummy_weights(self, seed: int, std: float = 0.02) -> None:
@@ -281,3 +377,10 @@ class LlamaModel(nn.Module):
                 param.data.zero_()
             else:
                 param.data.normal_(0.0, std, generator=generator)
+
+
+_LAYER_WEIGHT = re.compile(r"^model\.layers\.\d+\.")
+
+
+def _is_layer_weight(name: str) -> bool:
+    return _LAYER_WEIGHT.match(name) is not None

@@ -98,12 +98,25 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, sched_out: SchedulerOutput) -> dict[str, list[int]]:
-        """Run one step; returns ``{req_id: [token]}`` for every request that sampled."""
+        """Run one step (this rank's stage of it); returns ``{req_id: [token]}`` for every
+        request that sampled — on the last pipeline stage, whose TP ranks all sample the same
+        tokens from the same gathered logits. Earlier stages receive the previous stage's
+        hidden states, send theirs on and sample nothing: the scheduler sends them a request's
+        tokens (``all_token_ids``) before it runs again, as vLLM's does under PP."""
         self.states.apply(sched_out)
         if sched_out.total_num_scheduled_tokens == 0:
             return {}
         inputs = self.prepare_inputs(sched_out)
-        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn)
+        model = self.model
+        hidden_in = None
+        if not model.is_first_stage:
+            shape = (sched_out.total_num_scheduled_tokens, model.config.hidden_size)
+            hidden_in = model.ctx.recv_from_previous_stage(shape, model.dtype, self.device)
+        hidden = model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn,
+                       hidden_in)
+        if not model.is_last_stage:
+            model.ctx.send_to_next_stage(hidden)
+            return {}
         if not inputs.sampling_req_ids:
             return {}
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
@@ -168,7 +181,14 @@ class ModelRunner:
             max_seq_len=attn.max_seq_len,
         )
         input_ids = torch.zeros(num_tokens, dtype=torch.int64, device=self.device)
-        hidden = self.model(input_ids, positions, kv_caches, attn)
+        model = self.model
+        hidden_in = None
+        if not model.is_first_stage:  # a stand-in for the previous stage's output
+            hidden_in = torch.zeros(num_tokens, model.config.hidden_size, dtype=model.dtype,
+                                    device=self.device)
+        hidden = model(input_ids, positions, kv_caches, attn, hidden_in)
+        if not model.is_last_stage:
+            return
         last_rows = attn.query_start_loc[1:].long() - 1
         logits = self.model.compute_logits(hidden[last_rows])
         rows = [RowSampling(temperature=1.0, top_k=50, top_p=0.9, generator=None)] * num_seqs

@@ -28,6 +28,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "experiments.cli.cmd_real",
     "experiments.cli.cmd_run_real",
     "experiments.cli.cmd_serve",
+    "experiments.cli.cmd_topology",
     "experiments.cli.cmd_bench",
     "experiments.cli.cmd_validate",
     "experiments.cli.cmd_sweep",

@@ -1,8 +1,9 @@
 """``twinserve plan``: which GPUs and layouts serve this traffic at these SLOs, and how many.
 
-For each candidate (``--gpus`` × ``--tp`` × ``--dp`` × ``--knob`` values) find the highest
-request rate whose SLO attainment (``--slo ttft:500 tpot:50``, ``--attainment 99``) holds for
-every seed; with ``--target-rate R``, the fewest replicas (GPUs = TP × replicas) that serve R.
+For each candidate (``--gpus`` × ``--tp`` × ``--pp`` × ``--dp`` × ``--knob`` values) find the
+highest request rate whose SLO attainment (``--slo ttft:500 tpot:50``, ``--attainment 99``)
+holds for every seed; with ``--target-rate R``, the fewest replicas (GPUs = TP × PP × replicas)
+that serve R.
 The model, workload shape (``--dataset-name``/``--dataset-path``, lengths, ``--burstiness``,
 ``--num-prompts``) and fixed engine knobs come from the simulate flags or ``--config``.
 Writes plan.csv, plan.md and probes.csv, and prints the top rows. Example::
@@ -95,8 +96,9 @@ def build_spec(args: argparse.Namespace) -> Any:
         raise UserError(str(exc)) from None
     gpus = tuple(args.gpus or [base.get("gpu", "h100-sxm")])
     tps = tuple(args.tp or [base.get("tensor_parallel_size", 1)])
+    pps = tuple(args.pp or [base.get("pipeline_parallel_size", 1)])
     return PlanSpec(
-        base=base, gpus=gpus, tp_sizes=tps, dp_sizes=tuple(args.dp or [1]),
+        base=base, gpus=gpus, tp_sizes=tps, dp_sizes=tuple(args.dp or [1]), pp_sizes=pps,
         knobs=parse_knobs(args.knob), slos_ms=slos, attainment=attainment,
         seeds=tuple(range(args.seeds)), search=search, target_rate=args.target_rate,
         max_replicas=args.max_replicas, gpu_prices=parse_prices(args.gpu_price),
@@ -163,6 +165,8 @@ def register(sub: Any) -> None:
     g = p.add_argument_group("candidates")
     g.add_argument("--gpus", nargs="+", help="candidate GPUs (default: --gpu or h100-sxm)")
     g.add_argument("--tp", nargs="+", type=int, help="candidate TP sizes (default 1)")
+    g.add_argument("--pp", nargs="+", type=int,
+                   help="candidate pipeline-parallel sizes (default 1)")
     g.add_argument("--dp", nargs="+", type=int, help="candidate replica counts (default 1; "
                    "solved instead with --target-rate)")
     g.add_argument("--knob", action="append", metavar="KEY=V1,V2",

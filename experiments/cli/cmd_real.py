@@ -43,14 +43,17 @@ def _generate(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    texts = [p for p in prompts if isinstance(p, str)]
+    if args.chat and len(texts) != len(prompts):
+        raise ConfigError("--chat takes --prompt TEXT only")
     llm = LLM.from_engine_args(engine_args_from_flags(args))
-    if args.chat:
-        texts = [p for p in prompts if isinstance(p, str)]
-        if len(texts) != len(prompts):
-            raise ConfigError("--chat takes --prompt TEXT only")
-        outputs = llm.chat([[{"role": "user", "content": t}] for t in texts], params)
-    else:
-        outputs = llm.generate(prompts, params)
+    try:
+        if args.chat:
+            outputs = llm.chat([[{"role": "user", "content": t}] for t in texts], params)
+        else:
+            outputs = llm.generate(prompts, params)
+    finally:
+        llm.shutdown()  # stops the worker processes of a TP/PP layout
     for out in outputs:
         if args.json:
             sys.stdout.write(json.dumps(out.to_json()) + "\n")
@@ -87,7 +90,7 @@ def register(sub: Any) -> None:
         description="Run prompts through the real engine (EngineCore + torch worker) and print "
         "the generated text, or one JSON object per prompt with --json.",
     )
-    add_engine_flags(p)
+    add_engine_flags(p, parallel=True)
     src = p.add_argument_group("prompts (repeatable, in order: texts, then token-id lists)")
     src.add_argument("--prompt", action="append", help="a text prompt")
     src.add_argument("--prompt-token-ids", action="append", type=_token_ids,

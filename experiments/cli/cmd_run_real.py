@@ -37,7 +37,10 @@ def _run_real(args: argparse.Namespace) -> int:
     out_dir = prepare_out_dir(Path(args.out) if args.out else default_out_dir("real"))
     engine = engine_args_from_flags(args).build()
     t0 = time.perf_counter()
-    result = run_real(engine, workload, seed=workload_cfg.seed)
+    try:
+        result = run_real(engine, workload, seed=workload_cfg.seed)
+    finally:
+        engine.executor.shutdown()  # stops the worker processes of a TP/PP layout
     meta = measured_run_meta(engine, workload_cfg, workload, result, time.perf_counter() - t0)
     run = FinishedRun(meta, result.event_log)
     del result
@@ -54,7 +57,7 @@ def register(sub: Any) -> None:
         help="serve a workload with the real engine in wall-clock time; writes a report",
         description=__doc__,
     )
-    add_engine_flags(p)
+    add_engine_flags(p, parallel=True)
     p.add_argument("--cpu-threads", type=int, default=1,
                    help="torch CPU threads (default 1: steadier step times on small machines; "
                    "0 = torch's default)")

@@ -19,6 +19,7 @@ from typing import Any
 
 from engine.core.errors import UserError
 from engine.core.events import EventKind
+from experiments.cli.cmd_topology import add_layout_flags
 from experiments.cli.flags import add_run_dir_flags, byte_size
 
 #: The text whose tokens an emulated device cycles through as its outputs.
@@ -32,8 +33,9 @@ EMULATED_TOKENIZER_VOCAB = 512
 
 #: Engine flags of the real engine only / of the emulated one only (dest names).
 REAL_ONLY = ("dtype", "device", "kv_cache_memory", "load_format", "attention_backend",
-             "cpu_threads", "engine_cpus", "profile_out", "profile_grid", "step_shapes_out")
-EMULATED_ONLY = ("gpu", "tensor_parallel_size", "cost_model")
+             "cpu_threads", "engine_cpus", "profile_out", "profile_grid", "step_shapes_out",
+             "pipeline_parallel_size", "distributed_executor_backend")
+EMULATED_ONLY = ("gpu", "cost_model")
 
 
 def _flag(dest: str) -> str:
@@ -63,7 +65,7 @@ def _sim_config(args: argparse.Namespace) -> Any:
         "model": args.model, "gpu": args.gpu, "tensor_parallel_size": args.tensor_parallel_size,
         "gpu_memory_utilization": args.gpu_memory_utilization,
         "num_gpu_blocks": args.num_gpu_blocks_override, "max_model_len": args.max_model_len,
-        "frontend": {"num_api_servers": args.api_server_count},
+        "frontend": {"num_api_servers": args.api_server_count or args.data_parallel_size or 1},
     }
     if args.cost_model is not None and _fixed_step_s(args.cost_model) is None:
         top["cost_model"] = args.cost_model
@@ -104,10 +106,26 @@ def _engine_args(args: argparse.Namespace) -> Any:
         "kv_cache_memory": args.kv_cache_memory,
         "gpu_memory_utilization": args.gpu_memory_utilization,
         "load_format": args.load_format, "attention_backend": args.attention_backend,
-        "seed": args.seed,
+        "seed": args.seed, "tensor_parallel_size": args.tensor_parallel_size,
+        "pipeline_parallel_size": args.pipeline_parallel_size,
+        "distributed_executor_backend": args.distributed_executor_backend,
     }
     return EngineArgs.from_kwargs(args.model,
                                   **{k: v for k, v in given.items() if v is not None})
+
+
+def _check_devices(engine_args: Any, data_parallel_size: int) -> None:
+    """On CUDA, one device per rank of every replica (TP × PP × DP)."""
+    from engine.core.parallel import check_device_count
+    from engine.worker.loader import resolve_device
+
+    device = resolve_device(engine_args.device)
+    if device.type != "cuda":
+        return
+    import torch
+
+    ranks = engine_args.parallel_config.world_size * data_parallel_size
+    check_device_count(ranks + (device.index or 0), torch.cuda.device_count())
 
 
 def _cpu_list(text: str) -> tuple[int, ...]:
@@ -169,6 +187,16 @@ def _serve(args: argparse.Namespace) -> int:
     from engine.entrypoints.launcher import Launcher, ServeConfig
 
     _check_mode_flags(args)
+    dp = 1 if args.data_parallel_size is None else args.data_parallel_size
+    api_servers = dp if args.api_server_count is None else args.api_server_count
+    if args.record_dir is not None and dp > 1:
+        raise UserError("--record-dir records one engine; with --data-parallel-size > 1 it "
+                        "is not supported yet")
+    per_engine = [f for f in ("profile_out", "step_shapes_out", "engine_cpus")
+                  if getattr(args, f, None)]
+    if per_engine and dp > 1:
+        raise UserError(f"{_flag(per_engine[0])} profiles or pins one engine; with "
+                        "--data-parallel-size > 1 it is not supported yet")
     api_key = args.api_key or os.environ.get("TWINSERVE_API_KEY") or None
     options = None
     if args.record_dir is not None:
@@ -191,8 +219,14 @@ def _serve(args: argparse.Namespace) -> int:
         else:
             from engine.serve.frontend import Tokenizer
             from engine.worker.model_config import load_model_config
+
             engine_args = _engine_args(args)
-            engine_args.scheduler_config(load_model_config(args.model))  # validates early
+            model_config = load_model_config(args.model)
+            engine_args.scheduler_config(model_config)  # validates early
+            engine_args.parallel_config.check_model(
+                model_config.num_attention_heads, model_config.num_key_value_heads,
+                model_config.num_hidden_layers, args.model)
+            _check_devices(engine_args, dp)
             tokenizer_dir = args.tokenizer or args.model
             if not Tokenizer.has_tokenizer(tokenizer_dir):
                 tokenizer_dir = None
@@ -207,15 +241,18 @@ def _serve(args: argparse.Namespace) -> int:
         cfg = ServeConfig(
             served_model_name=args.served_model_name or args.model, model_root=args.model,
             tokenizer_dir=tokenizer_dir, host=args.host, port=args.port,
-            api_server_count=args.api_server_count, api_key=api_key,
+            api_server_count=api_servers, api_key=api_key,
             record_dir=args.record_dir, shutdown_timeout_s=args.shutdown_timeout,
             engine_death_grace_s=args.engine_death_grace,
-            log_level=args.uvicorn_log_level,
+            log_level=args.uvicorn_log_level, data_parallel_size=dp,
+            router=args.router or "vllm",
+            router_load_cap=8 if args.router_load_cap is None else args.router_load_cap,
         )
 
         def ready(url: str) -> None:
+            engines = "1 engine" if dp == 1 else f"{dp} engines"
             print(f"twinserve: serving {cfg.served_model_name} on {url} "
-                  f"({cfg.api_server_count} API server(s), 1 engine)", file=sys.stderr,
+                  f"({cfg.api_server_count} API server(s), {engines})", file=sys.stderr,
                   flush=True)
 
         launcher = Launcher(cfg, factory, on_ready=ready)
@@ -278,7 +315,6 @@ def register(sub: Any) -> None:
                    "with --emulate a built-in 512-token vocabulary)")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
     g.add_argument("--port", type=int, default=8000, help="port (8000; 0 = any free port)")
-    g.add_argument("--api-server-count", type=int, default=1, help="API server processes (1)")
     g.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1/* "
                    "(default: $TWINSERVE_API_KEY)")
     g.add_argument("--record-dir", help="at shutdown, write a run directory here "
@@ -290,6 +326,12 @@ def register(sub: Any) -> None:
                    "(/health 503, errors) before the server exits with status 1 (2)")
     g.add_argument("--uvicorn-log-level", default="warning",
                    choices=["critical", "error", "warning", "info", "debug"])
+    g = p.add_argument_group("parallel layout (twinserve topology prints the processes)")
+    add_layout_flags(g)
+    g.add_argument("--router", help="with -dp: how API servers pick an engine: vllm "
+                   "(default), round_robin, least_outstanding, least_kv, prefix_aware")
+    g.add_argument("--router-load-cap", type=int,
+                   help="prefix_aware: extra in-flight requests tolerated for a better hit (8)")
     g = p.add_argument_group("engine (vLLM's names; default: vLLM's)")
     g.add_argument("--max-model-len", type=int)
     g.add_argument("--max-num-batched-tokens", type=int)
@@ -326,7 +368,6 @@ def register(sub: Any) -> None:
     g.add_argument("--emulate", action="store_true",
                    help="emulate --model (a catalog name) on --gpu with -tp GPUs")
     g.add_argument("--gpu", help="catalog GPU (h100-sxm, h200-sxm, a100-80gb; default h100-sxm)")
-    g.add_argument("--tensor-parallel-size", "-tp", type=int)
     g.add_argument("--cost-model", help="auto (default: the vLLM step model where the GPU has "
                    "measured kernel tables, else the roofline), vllm, roofline, fitted:PATH, "
                    "fixed:SECONDS (every step takes that long) or zero (no time: the serving "

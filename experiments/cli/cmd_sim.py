@@ -31,6 +31,14 @@ def _list_catalogs(args: argparse.Namespace) -> bool:
             print(f"{g.name:<10} {g.bf16_tflops:>12.0f} {g.memory_gb:>7.0f} "
                   f"{g.memory_bw_tbps:>5.2f} {g.nvlink_gbps:>11.0f}")
         return True
+    if args.list_networks:
+        from sim.network import NETWORKS
+
+        print(f"{'network':<15} {'Gb/s per GPU':>12} {'latency us':>10}  description")
+        for n in NETWORKS.values():
+            print(f"{n.name:<15} {n.bandwidth_gbps:>12.1f} {n.latency_s * 1e6:>10.0f}  "
+                  f"{n.display_name}")
+        return True
     return False
 
 
@@ -45,9 +53,10 @@ def _explain_step(cfg: Any, spec: str) -> int:
     model = make_cost_model(cfg, engine)
     weights = "fp8" if cfg.fp8_weights else "bf16"
     kv = "fp8" if cfg.fp8_kv_cache else "bf16"
+    tp, pp = cfg.tensor_parallel_size, cfg.pipeline_parallel_size
+    layout = f"TP {tp}" if pp == 1 else f"TP {tp} × PP {pp}"
     title = (f"step cost ({cfg.resolved_cost_model} cost model) — {cfg.model_spec.name}, "
-             f"{cfg.tensor_parallel_size} × {cfg.gpu} (TP {cfg.tensor_parallel_size}), "
-             f"{weights} weights, {kv} KV")
+             f"{tp * pp} × {cfg.gpu} ({layout}), {weights} weights, {kv} KV")
     print(format_explanation(model, shape, title))
     return 0
 
@@ -138,6 +147,8 @@ def register(sub: Any) -> None:
     p.add_argument("--config", help="TOML/JSON experiment file (flags override it)")
     p.add_argument("--list-models", action="store_true", help="show the model catalog")
     p.add_argument("--list-gpus", action="store_true", help="show the GPU catalog")
+    p.add_argument("--list-networks", action="store_true",
+                   help="show the networks between nodes (--network)")
     p.add_argument("--explain-step", metavar="SPEC",
                    help="print one step's cost by term and exit; SPEC: comma-separated "
                    "decode:NxC (N decodes at context C), prefill:Q, prefill:KxQ@C "

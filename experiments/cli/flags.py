@@ -5,7 +5,8 @@
   real engine (``run-real``, ``validate``). Each flag's destination is a key of
   ``experiments.simconfig.FLAG_FIELDS``, which maps it to its config field.
 * ``add_engine_flags`` / ``engine_args_from_flags`` — the real engine's flags and the
-  ``engine.llm.EngineArgs`` they give (``generate``, ``run-real``, ``profile``, ``validate``).
+  ``engine.llm.EngineArgs`` they give (``generate``, ``run-real``, ``profile``, ``validate``;
+  ``generate`` and ``run-real`` also take the TP/PP layout).
 * ``add_report_flags`` / ``default_out_dir`` — where a run is written and what its summary
   reports (``simulate``, ``run-real``).
 
@@ -33,6 +34,12 @@ def add_sim_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--gpu", help="catalog GPU: h100-sxm, h200-sxm, a100-80gb")
     g.add_argument("--tensor-parallel-size", "-tp", type=int)
     g.add_argument("--data-parallel-size", "-dp", type=int, help="engine replicas")
+    g.add_argument("--pipeline-parallel-size", "-pp", type=int,
+                   help="pipeline stages per replica (one batch in flight per stage)")
+    g.add_argument("--gpus-per-node", type=int,
+                   help="GPUs per node (8): pipeline hops beyond a node cross the network")
+    g.add_argument("--network", help="fabric between nodes: infiniband-ndr (default), "
+                   "infiniband-hdr, roce-400, ethernet-100")
     g.add_argument("--router", help="replica router: vllm (default), round_robin, random, "
                    "consistent_hash, least_outstanding, least_kv, prefix_aware")
     g.add_argument("--router-load-cap", type=int,
@@ -118,8 +125,17 @@ def byte_size(text: str) -> int:
     return int(value)
 
 
-def add_engine_flags(p: argparse.ArgumentParser) -> None:
-    """The real engine's flags (the fields of ``engine.llm.EngineArgs``; ``--model`` required)."""
+def add_engine_flags(p: argparse.ArgumentParser, parallel: bool = False) -> None:
+    """The real engine's flags (the fields of ``engine.llm.EngineArgs``; ``--model`` required);
+    with ``parallel``, also its layout: TP and PP over one worker process per rank."""
+    if parallel:
+        g = p.add_argument_group("parallel layout (one worker process per rank)")
+        g.add_argument("--tensor-parallel-size", "-tp", type=int,
+                       help="ranks per pipeline stage (1)")
+        g.add_argument("--pipeline-parallel-size", "-pp", type=int, help="pipeline stages (1)")
+        g.add_argument("--distributed-executor-backend", choices=["uni", "mp"],
+                       help="uni: the model in this process (one rank only); mp: one worker "
+                       "process per rank (default: mp when TP × PP > 1)")
     g = p.add_argument_group("engine")
     g.add_argument("--model", required=True, help="local checkpoint directory (HF format)")
     g.add_argument("--dtype", default="auto", help="auto (config.json), float32, float16, bfloat16")
@@ -153,11 +169,14 @@ def engine_args_from_flags(args: argparse.Namespace) -> EngineArgs:
         block_size=args.block_size,
         enable_prefix_caching=not args.no_prefix_caching,
     )
+    layout = {k: v for k in ("tensor_parallel_size", "pipeline_parallel_size",
+                             "distributed_executor_backend")
+              if (v := getattr(args, k, None)) is not None}  # add_engine_flags(parallel=True)
     return EngineArgs(
         model=args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
         num_gpu_blocks=args.num_gpu_blocks, kv_cache_memory=args.kv_cache_memory,
         gpu_memory_utilization=args.gpu_memory_utilization, load_format=args.load_format,
-        attention_backend=args.attention_backend, seed=args.engine_seed, engine=knobs,
+        attention_backend=args.attention_backend, seed=args.engine_seed, engine=knobs, **layout,
     )
 
 

@@ -1,7 +1,8 @@
 """Capacity planning: for each candidate layout, the highest rate that meets the SLOs, and the
 fewest GPUs that serve a target rate.
 
-A *candidate* is a GPU, a TP size, a replica count (DP) and values of key engine knobs, applied
+A *candidate* is a GPU, a TP size, a PP size, a replica count (DP) and values of key engine
+knobs, applied
 on top of a base config that fixes the model and the workload shape (lengths from a trace or a
 distribution, burstiness, number of requests). A probe of a candidate at rate r simulates it
 once per seed with the request rate set to r and measures the SLO attainment: the fraction of
@@ -48,18 +49,22 @@ class Candidate:
     tensor_parallel_size: int
     data_parallel_size: int
     knobs: tuple[tuple[str, Any], ...] = ()
+    pipeline_parallel_size: int = 1
 
     @property
     def num_gpus(self) -> int:
-        return self.tensor_parallel_size * self.data_parallel_size
+        return self.tensor_parallel_size * self.pipeline_parallel_size * self.data_parallel_size
 
     @property
     def label(self) -> str:
         knobs = "".join(f" {k.rpartition('.')[2]}={v}" for k, v in self.knobs)
-        return f"{self.gpu} tp{self.tensor_parallel_size} dp{self.data_parallel_size}{knobs}"
+        pp = f" pp{self.pipeline_parallel_size}" if self.pipeline_parallel_size > 1 else ""
+        return (f"{self.gpu} tp{self.tensor_parallel_size}{pp} dp{self.data_parallel_size}"
+                f"{knobs}")
 
     def with_replicas(self, n: int) -> Candidate:
-        return Candidate(self.gpu, self.tensor_parallel_size, n, self.knobs)
+        return Candidate(self.gpu, self.tensor_parallel_size, n, self.knobs,
+                         self.pipeline_parallel_size)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +75,7 @@ class PlanSpec:
     gpus: tuple[str, ...]
     tp_sizes: tuple[int, ...] = (1,)
     dp_sizes: tuple[int, ...] = (1,)  # ignored with a target rate (the DP count is solved)
+    pp_sizes: tuple[int, ...] = (1,)  # pipeline stages per replica
     knobs: tuple[tuple[str, tuple[Any, ...]], ...] = ()  # canonical key → candidate values
     slos_ms: Mapping[str, float] = field(default_factory=lambda: {"ttft": 500.0, "tpot": 50.0})
     attainment: float = 0.99  # fraction of requests that must meet every SLO
@@ -82,8 +88,8 @@ class PlanSpec:
     def __post_init__(self) -> None:
         if not self.gpus or not self.tp_sizes or not self.dp_sizes or not self.seeds:
             raise UserError("plan needs at least one GPU, TP size, DP size and seed")
-        if any(n < 1 for n in (*self.tp_sizes, *self.dp_sizes)):
-            raise UserError("TP and DP sizes must be >= 1")
+        if any(n < 1 for n in (*self.tp_sizes, *self.dp_sizes, *self.pp_sizes)):
+            raise UserError("TP, PP and DP sizes must be >= 1")
         if any(tp & (tp - 1) for tp in self.tp_sizes):
             raise UserError(f"TP sizes must be powers of two, got {list(self.tp_sizes)}")
         if not str(self.base.get("cost_model", "")).startswith("fitted:"):
@@ -112,8 +118,8 @@ class PlanSpec:
         dps = (1,) if self.target_rate is not None else self.dp_sizes
         combos = itertools.product(*(values for _, values in self.knobs))
         knob_sets = [tuple(zip((k for k, _ in self.knobs), c, strict=True)) for c in combos]
-        return [Candidate(g, tp, dp, ks) for g in self.gpus for tp in self.tp_sizes
-                for dp in dps for ks in knob_sets]
+        return [Candidate(g, tp, dp, ks, pp) for g in self.gpus for tp in self.tp_sizes
+                for pp in self.pp_sizes for dp in dps for ks in knob_sets]
 
 
 class Evaluator:
@@ -138,6 +144,8 @@ class Evaluator:
                                 for k, v in self.spec.base.items()}
         user.update(gpu=candidate.gpu, tensor_parallel_size=candidate.tensor_parallel_size,
                     data_parallel_size=candidate.data_parallel_size)
+        if candidate.pipeline_parallel_size > 1 or "pipeline_parallel_size" in user:
+            user["pipeline_parallel_size"] = candidate.pipeline_parallel_size
         for key, value in candidate.knobs:
             set_key(user, key, value)
         if rate is not None:

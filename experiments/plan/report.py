@@ -3,7 +3,7 @@
 Columns of a row (``plan_rows``):
 
 * the candidate: ``candidate`` (label), ``gpu``, ``tensor_parallel_size``,
-  ``data_parallel_size``, ``num_gpus`` and one column per knob;
+  ``pipeline_parallel_size``, ``data_parallel_size``, ``num_gpus`` and one column per knob;
 * ``status``: "ok"; "unbounded" (met the SLOs up to the search's rate limit); "infeasible"
   (the SLOs are not met even at the lowest rate tried — the row still shows the best it
   reached); "invalid" (the layout cannot run, e.g. the model does not fit); target mode also
@@ -43,6 +43,7 @@ def _row(spec: PlanSpec, ev: Evaluator, o: CandidateOutcome) -> dict[str, Any]:
     c = o.candidate
     row: dict[str, Any] = {"candidate": c.label, "gpu": c.gpu,
                            "tensor_parallel_size": c.tensor_parallel_size,
+                           "pipeline_parallel_size": c.pipeline_parallel_size,
                            "data_parallel_size": c.data_parallel_size, "num_gpus": c.num_gpus}
     row.update({k: v for k, v in c.knobs})
     if o.capacity is None:

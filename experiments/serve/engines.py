@@ -20,8 +20,7 @@ from engine.core.config import EngineConfig
 from engine.core.request import Request, SamplingParams
 
 if TYPE_CHECKING:
-    from engine.llm import EngineArgs, RealEngine
-    from engine.worker.executor import TorchExecutor
+    from engine.llm import EngineArgs, RealEngine, WorkerExecutor
 
 
 class ServedRealEngine:
@@ -30,9 +29,13 @@ class ServedRealEngine:
     def __init__(self, engine: RealEngine) -> None:
         self._engine = engine
         self.engine_config: EngineConfig = engine.engine_config
-        self.executor: TorchExecutor = engine.executor
+        self.executor: WorkerExecutor = engine.executor
         self.vocab_size = engine.model_config.vocab_size
         self.device = str(engine.executor.device)
+        parallel = engine.args.parallel_config
+        if parallel.world_size > 1:
+            self.device += (f" (TP {parallel.tensor_parallel_size} × PP "
+                            f"{parallel.pipeline_parallel_size} worker processes)")
 
     def make_request(
         self,
@@ -56,13 +59,13 @@ class RealEngineFactory:
     args: EngineArgs
     cpu_threads: int = 0  # torch CPU threads (0 = torch's default)
 
-    def build(self, clock: Callable[[], float]) -> ServedRealEngine:
+    def build(self, clock: Callable[[], float], data_parallel_rank: int = 0) -> ServedRealEngine:
         if self.cpu_threads:
             import torch
 
             torch.set_num_threads(self.cpu_threads)
         from engine.serve.real_run import warm_up
 
-        engine = self.args.build()
+        engine = self.args.build(data_parallel_rank=data_parallel_rank)
         warm_up(engine)
         return ServedRealEngine(engine)

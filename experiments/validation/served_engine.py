@@ -82,7 +82,8 @@ class ProfiledEngineFactory:
     profile: ProfileRequest | None = None
     step_shapes_path: str | None = None
 
-    def build(self, clock: Callable[[], float]) -> RecordingServedEngine:
+    def build(self, clock: Callable[[], float],
+              data_parallel_rank: int = 0) -> RecordingServedEngine:
         if self.cpu_affinity:
             os.sched_setaffinity(0, self.cpu_affinity)
         import torch
@@ -91,7 +92,7 @@ class ProfiledEngineFactory:
             torch.set_num_threads(self.cpu_threads)
         from engine.serve.real_run import warm_up
 
-        engine = self.args.build()
+        engine = self.args.build(data_parallel_rank=data_parallel_rank)
         warm_up(engine)
         if self.profile is not None:
             profile_in_place(engine, self.args, self.profile)

@@ -113,4 +113,11 @@ def format_explanation(cost_model: CostModel, shape: BatchShape, title: str) -> 
                         ("communication", st.communication_s), ("overhead", st.overhead_s)):
         lines.append(f"{name:<20} {value * 1e6:>10,.1f}")
     lines.append(f"{'device total':<20} {st.total_s * 1e6:>10,.1f}")
+    stage_times = getattr(cost_model, "stage_times", None)
+    if stage_times is not None:  # a pipeline: each stage and each send of this micro-batch
+        pipe = stage_times(shape)
+        for s, seconds in enumerate(pipe.stage_s):
+            lines.append(f"{f'stage {s}':<20} {seconds * 1e6:>10,.1f}")
+        for s, seconds in enumerate(pipe.send_s):
+            lines.append(f"{f'send {s} -> {s + 1}':<20} {seconds * 1e6:>10,.1f}")
     return "\n".join(lines)

@@ -25,7 +25,7 @@ from engine.core.config import ConfigError
 from engine.core.interfaces import StepTime
 from engine.core.outputs import BatchShape
 from sim.hardware import GPUSpec
-from sim.models import ModelSpec
+from sim.models import ModelSpec, check_tensor_parallel
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,18 +83,7 @@ class RooflineCostModel:
         self.gpu = gpu
         self.params = params or RooflineParams()
         self.tensor_parallel_size = tp = tensor_parallel_size
-        if tp < 1 or tp & (tp - 1):
-            raise ConfigError(f"tensor_parallel_size must be a power of two >= 1, got {tp}")
-        if model.num_heads % tp:
-            raise ConfigError(
-                f"tensor_parallel_size {tp} does not divide {model.name}'s "
-                f"{model.num_heads} attention heads"
-            )
-        if model.num_kv_heads % tp and tp % model.num_kv_heads:
-            raise ConfigError(
-                f"tensor_parallel_size {tp} does not divide {model.name}'s "
-                f"{model.num_kv_heads} KV heads"
-            )
+        check_tensor_parallel(model, tp)
         m, w = model, model.linear_bytes
         # fp8 (1-byte) linear weights run W8A8 GEMMs at the fp8 peak
         peak = gpu.fp8_tflops * 1e12 if w == 1 and gpu.fp8_tflops else gpu.peak_flops

@@ -56,7 +56,7 @@ from sim.cost.host import HostCosts, launch_s
 from sim.cost.interp import Curve, Grid
 from sim.cost.kernel_tables import KernelTables, load_tables
 from sim.hardware import GPUSpec
-from sim.models import ModelSpec
+from sim.models import ModelSpec, check_tensor_parallel
 
 #: Every term of a step's breakdown, in this order (``StepTime.terms`` uses these names).
 TERM_NAMES: Final = (
@@ -169,13 +169,7 @@ class VllmStepCostModel:
         host: HostCosts | None = None,
     ) -> None:
         tp = tensor_parallel_size
-        if tp < 1 or tp & (tp - 1):
-            raise ConfigError(f"tensor_parallel_size must be a power of two >= 1, got {tp}")
-        if model.num_heads % tp or (model.num_kv_heads % tp and tp % model.num_kv_heads):
-            raise ConfigError(
-                f"tensor_parallel_size {tp} does not divide {model.name}'s {model.num_heads} "
-                f"attention heads / {model.num_kv_heads} KV heads"
-            )
+        check_tensor_parallel(model, tp)
         if weight_dtype not in WEIGHT_DTYPES:
             raise ConfigError(f"weight dtype must be one of {WEIGHT_DTYPES}, got {weight_dtype!r}")
         if kv_cache_dtype not in KV_CACHE_DTYPES:

@@ -73,3 +73,20 @@ def test_identical_runs_compares_run_directories(tmp_path: Path) -> None:
     assert diffs[2] == "summary.json: differs in completed"
     assert len(diffs) == 3
     assert set(identical_runs.CONFIGS) >= {"dp3-round-robin", "mooncake", "vidur-stream"}
+
+
+def test_multiproc_executor_benchmark_compares_both_executors(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from bench import multiproc_executor
+
+    assert multiproc_executor.main(["--smoke"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].split()[:3] == ["step", "in-process", "worker"]
+    assert [line.split()[0] for line in lines[1:-1]] == list(multiproc_executor.SMOKE_GRID)
+    for line in lines[1:-1]:
+        in_process, worker = (float(x) for x in line.split()[1:3])
+        assert in_process > 0 and worker > 0
+    assert lines[-1].startswith("empty step (no model work)")
+    in_process, worker = (float(x) for x in lines[-1].split()[5:7])
+    assert worker > in_process  # the hop through a worker process costs something

@@ -27,7 +27,22 @@ def _normalise(record: dict) -> dict:
 
 
 def test_all_golden_workloads_are_present() -> None:
-    assert len(WORKLOADS) == 81
+    assert len(WORKLOADS) == 81 + 42
+
+
+def test_pipeline_traces_keep_one_batch_per_stage() -> None:
+    """The recorded pipeline-parallel traces (seeds 4000-4401) replay through an engine whose
+    batch queue is exactly the PP degree, as vLLM's ``max_concurrent_batches``."""
+    depths = {}
+    for path in WORKLOADS:
+        workload = load_workload(path)
+        depth = json.loads(path.read_text())["config"].get("batch_queue_depth")
+        if depth is not None:
+            core_config = workload.engine_config
+            assert core_config.pipeline_parallel_size == depth
+            assert core_config.max_concurrent_batches == depth
+            depths[depth] = depths.get(depth, 0) + 1
+    assert depths == {2: 21, 4: 21}
 
 
 @pytest.mark.parametrize("path", WORKLOADS, ids=[p.stem for p in WORKLOADS])

@@ -75,3 +75,16 @@ def test_oversized_counts_are_refused(args: list[str], message: str, tmp_path: P
     assert main(["plan", "--gpus", "h100-sxm", "--out", str(tmp_path), *TINY, *args]) == 2
     err = capsys.readouterr().err
     assert err.startswith("twinserve: error: ") and message in err
+
+
+def test_plan_searches_pipeline_layouts(tmp_path: Path) -> None:
+    out = tmp_path / "plan"
+    rc = main(["plan", "--model", "meta-llama/Llama-3.1-70B", "--gpus", "h100-sxm",
+               "--tp", "4", "--pp", "1", "2", "--slo", "ttft:2000", "tpot:100",
+               "--out", str(out), *TINY])
+    assert rc == 0
+    df = pd.read_csv(out / "plan.csv")
+    assert sorted(df["pipeline_parallel_size"]) == [1, 2]
+    assert sorted(df["num_gpus"]) == [4, 8]
+    assert set(df["candidate"]) == {"h100-sxm tp4 dp1", "h100-sxm tp4 pp2 dp1"}
+    assert set(df["status"]) <= {"ok", "unbounded", "infeasible"}

@@ -96,6 +96,9 @@ def test_dict_round_trip_and_unknown_keys() -> None:
         (["--num-gpu-blocks-override", "0"], "num_gpu_blocks must be >= 2"),
         (["--num-gpu-blocks-override", str(10**12)], "num_gpu_blocks must be <= 100,000,000"),
         (["-dp", "10000"], r"data_parallel_size must be in \[1, 1024\]"),
+        # the layout rules the real engine applies (engine/core/parallel.py), same messages
+        (["-tp", "3"], r"tensor_parallel_size 3 does not divide .*'s 32 attention heads"),
+        (["-pp", "33"], r"pipeline_parallel_size 33 exceeds .*'s 32 decoder layers"),
         (["--api-server-count", str(10**20)], r"num_api_servers must be in \[1, 100,000\]"),
         # arrival times that overflow (or nearly) would hang the run or fake a rate-inf one
         (["--dataset-name", "random", "--request-rate", "1e-300"],
@@ -234,3 +237,12 @@ def test_labels_outside_the_catalogs_need_a_fitted_model_and_explicit_kv() -> No
     assert (e.cache.num_gpu_blocks, e.scheduler.max_model_len) == (64, 512)
     with pytest.raises(UserError, match=r"unknown model ./ckpt/tiny."):
         SimConfig(model="/ckpt/tiny", gpu="cpu", num_gpu_blocks=64, max_model_len=512)
+
+
+def test_list_networks_shows_the_catalog(capsys: pytest.CaptureFixture[str]) -> None:
+    from sim.network import NETWORKS
+
+    assert main(["simulate", "--list-networks"]) == 0
+    rows = capsys.readouterr().out.splitlines()[1:]
+    assert [row.split()[0] for row in rows] == list(NETWORKS)
+    assert rows[0].split()[1:3] == ["400.0", "12"]  # InfiniBand NDR: Gb/s per GPU, µs

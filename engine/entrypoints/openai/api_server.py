@@ -112,7 +112,9 @@ def build_app(cfg: APIServerConfig, lifeline: Connection, control: ServerControl
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         client = AsyncEngineClient(cfg.index, cfg.input_address, cfg.output_address,
-                                   cfg.num_engines, clock, cfg.served_model_name, recorder)
+                                   cfg.num_engines, clock, cfg.served_model_name, recorder,
+                                   coordinator_address=cfg.coordinator_address,
+                                   router=cfg.router, router_load_cap=cfg.router_load_cap)
         _watch_lifeline(lifeline, client, asyncio.get_running_loop())
         try:
             try:
