@@ -33,7 +33,9 @@ from engine.core.engine_core import EngineCore
 from engine.core.events import EventKind
 from engine.core.hashing import TokenBlockHasher
 from engine.core.parallel import ParallelConfig, check_device_count
+from engine.core.policy import StreamInfo
 from engine.core.request import Request, SamplingParams
+from engine.core.slo import SLOClass
 from engine.serve.engine_loop import EngineLoop
 from engine.serve.frontend import Tokenizer, generation_eos_token_ids
 from engine.serve.output_processor import OutputProcessor, RequestOutput
@@ -140,10 +142,13 @@ class EngineArgs:
             attention_backend=self.attention_backend, seed=self.seed,
         )
 
-    def build(self, *, data_parallel_rank: int = 0) -> RealEngine:
+    def build(
+        self, stream: StreamInfo | None = None, *, data_parallel_rank: int = 0
+    ) -> RealEngine:
         """Load the model (on this process, or on one worker process per rank), size the KV
-        cache and create the engine core. Replica ``data_parallel_rank`` takes the devices
-        after the previous replicas' (``engine.core.parallel``'s rank order)."""
+        cache and create the engine core (its scheduling policy built with what ``stream`` says
+        of the requests to come). Replica ``data_parallel_rank`` takes the devices after the
+        previous replicas' (``engine.core.parallel``'s rank order)."""
         model_config = load_model_config(self.model)
         parallel = self.parallel_config
         parallel.check_model(model_config.num_attention_heads, model_config.num_key_value_heads,
@@ -173,8 +178,8 @@ class EngineArgs:
         tokenizer = (
             Tokenizer.from_dir(tokenizer_dir) if Tokenizer.has_tokenizer(tokenizer_dir) else None
         )
-        return RealEngine(self, model_config, engine_config, EngineCore(engine_config),
-                          executor, tokenizer)
+        return RealEngine(self, model_config, engine_config,
+                          EngineCore(engine_config, stream=stream), executor, tokenizer, stream)
 
 
 class RealEngine:
@@ -188,8 +193,10 @@ class RealEngine:
         core: EngineCore,
         executor: WorkerExecutor,
         tokenizer: Tokenizer | None,
+        stream: StreamInfo | None = None,
     ) -> None:
         self.args = args
+        self.stream = stream  # what the policy was told of the requests (``new_core``)
         self.model_config = model_config
         self.engine_config = engine_config
         self.core = core
@@ -206,6 +213,10 @@ class RealEngine:
             TokenBlockHasher(cache.block_size) if cache.enable_prefix_caching else None
         )
 
+    def new_core(self) -> EngineCore:
+        """A fresh engine core on this engine's config, with a fresh scheduling policy."""
+        return EngineCore(self.engine_config, stream=self.stream)
+
     def make_request(
         self,
         req_id: str,
@@ -213,6 +224,8 @@ class RealEngine:
         params: SamplingParams,
         arrival_time: float,
         priority: int = 0,
+        tenant: str = "",
+        slo: SLOClass | None = None,
     ) -> Request:
         """A validated core ``Request`` with the model's EOS and generation-config stop ids."""
         validate_prompt(
@@ -231,6 +244,8 @@ class RealEngine:
             priority=priority,
             eos_token_id=self.eos_token_id,
             block_hasher=self.block_hasher,
+            tenant=tenant,
+            slo=slo,
         )
 
 

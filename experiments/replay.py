@@ -23,6 +23,7 @@ from engine.core.engine_core import EngineCore
 from engine.core.errors import UserError
 from engine.core.hashing import TokenBlockHasher
 from engine.core.outputs import ModelRunnerOutput, SchedulerOutput
+from engine.core.policy import SchedulingPolicy
 from engine.core.request import Request, SamplingParams
 
 #: Workload config keys and their defaults (those of the vLLM oracle that recorded the goldens).
@@ -247,9 +248,12 @@ class ScriptedExecutor:
         return ModelRunnerOutput(sampled)
 
 
-def replay(workload: ReplayWorkload) -> Iterator[dict[str, Any]]:
-    """Yield one golden-format record per call of the engine's step loop."""
-    core = EngineCore(workload.engine_config)
+def replay(
+    workload: ReplayWorkload, policy: SchedulingPolicy | None = None
+) -> Iterator[dict[str, Any]]:
+    """Yield one golden-format record per call of the engine's step loop (with ``policy``,
+    default the workload's own: vLLM's FCFS or priority)."""
+    core = EngineCore(workload.engine_config, policy=policy)
     executor = ScriptedExecutor(workload)
     pending = deque(workload.requests)
     results: dict[int, Any] = {}

@@ -71,6 +71,7 @@ def simulated_run_meta(result: SimResult) -> RunMeta:
         ),
         reject_reasons=result.reject_reasons,
         provenance=provenance(),
+        scheduling_policy=result.scheduling_policy,
     )
 
 
@@ -109,6 +110,7 @@ def measured_run_meta(
         ),
         reject_reasons=result.reject_reasons,
         provenance=provenance(),
+        scheduling_policy=result.scheduling_policy,
     )
 
 
@@ -154,6 +156,7 @@ def served_run_meta(
         reject_reasons={},
         provenance=provenance(),
         notes={"mode": mode, "backend": "twinserve-serve"},
+        scheduling_policy=engine.scheduling_policy or None,
     )
 
 

@@ -49,6 +49,7 @@ FLAG_FIELDS: dict[str, tuple[str | None, str]] = {
     "enable_chunked_prefill": ("engine", "enable_chunked_prefill"),
     "long_prefill_token_threshold": ("engine", "long_prefill_token_threshold"),
     "scheduling_policy": ("engine", "policy"),
+    "policy_option": ("engine", "policy_options"),
     "scheduler_reserve_full_isl": ("engine", "scheduler_reserve_full_isl"),
     "async_scheduling": ("engine", "async_scheduling"),
     "block_size": ("engine", "block_size"),
@@ -69,6 +70,9 @@ FLAG_FIELDS: dict[str, tuple[str | None, str]] = {
     "prefix_repetition_num_prefixes": ("workload", "prefix_repetition_num_prefixes"),
     "prefix_repetition_output_len": ("workload", "prefix_repetition_output_len"),
     "trace_time_scale": ("workload", "trace_time_scale"),
+    "slo_classes": ("workload", "slo_classes"),
+    "slo_class_mix": ("workload", "slo_class_mix"),
+    "tenant_mix": ("workload", "tenant_mix"),
     "tokenizer": ("workload", "tokenizer"),
     "sharegpt_output_len": ("workload", "sharegpt_output_len"),
     "ramp_up_strategy": ("workload", "ramp_up_strategy"),
@@ -98,8 +102,13 @@ def load_experiment_file(path: str) -> dict[str, Any]:
 
 
 def workload_dict_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """The ``workload`` section the workload flags describe (with the embedded default)."""
-    return config_dict_from_args(args, {}, sections=("workload",))["workload"]
+    """The ``workload`` section the workload flags describe (with the embedded default); its
+    class tables as tuples, as ``WorkloadConfig`` holds them."""
+    work = config_dict_from_args(args, {}, sections=("workload",))["workload"]
+    for key in ("priority_mix", "tenant_mix", "slo_classes", "slo_class_mix"):
+        if isinstance(work.get(key), list):
+            work[key] = tuple(tuple(p) for p in work[key])
+    return dict(work)
 
 
 def _implied_datasets(work: dict[str, Any]) -> list[str]:
@@ -134,6 +143,10 @@ def config_dict_from_args(
         value = getattr(args, dest, None)
         if value is None:
             continue
+        if dest == "policy_option":  # [(key, value), ...] from the flag
+            from experiments.cli.flags import policy_options_from_flags
+
+            value = policy_options_from_flags(value)
         if section is None:
             out[name] = value
         else:

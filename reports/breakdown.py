@@ -53,6 +53,7 @@ SEGMENTS: tuple[Segment, ...] = (
     Segment("wait_max_num_seqs", "waiting: max_num_seqs reached", "queue/KV", True, True),
     Segment("wait_kv_cache", "waiting: KV blocks", "queue/KV", True, True),
     Segment("wait_preemption", "waiting: preemption step", "queue/KV", True, True),
+    Segment("wait_policy", "waiting: held by the scheduling policy", "queue/KV", True, True),
     Segment("wait_next_step", "waiting: next schedule()", "engine-loop", True, True),
     Segment("prefill", "prefill steps (incl. preempted)", "compute", True, True),
     Segment("decode", "decode steps (incl. preempted)", "compute", False, True),
@@ -66,6 +67,7 @@ WAIT_REASONS: dict[str, str] = {
     "max_num_seqs": "wait_max_num_seqs",
     "kv_cache": "wait_kv_cache",
     "preemption": "wait_preemption",
+    "policy": "wait_policy",
 }
 #: latency column of each path
 PATHS: dict[str, str] = {"ttft": "ttft_s", "e2el": "e2el_s"}

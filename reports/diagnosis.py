@@ -43,7 +43,9 @@ BUSY_THRESHOLD = 0.9  # busy fraction of an API server / the output processor
 
 _SCORE_SEGMENTS: dict[str, tuple[str, ...]] = {
     "front-end-bound": ("client_to_frontend", "frontend_cpu"),
-    "queue/KV-bound": ("wait_kv_cache", "wait_preemption", "wait_max_num_seqs"),
+    "queue/KV-bound": (
+        "wait_kv_cache", "wait_preemption", "wait_max_num_seqs", "wait_policy",
+    ),
     "compute-bound": ("wait_token_budget",),
     "output-bound": ("output_first",),
 }

@@ -19,7 +19,10 @@ Its keys:
 ``workload``            request_rate, burstiness, max_concurrency, source (override ``config``)
 ``stats``               run counters (``RunStats``): ``duration_s`` (the run's span on its own
                         clock, simulated or wall), ``wall_time_s``, ``api_server_busy_s`` …
-``reject_reasons``      req_id -> why the request was refused
+``reject_reasons``      req_id -> why the request was refused (the admission rule, or shed by the
+                        scheduling policy)
+``scheduling_policy``   the policy that scheduled: ``name``, ``class``, ``options``, and
+                        ``bulk_fast_path`` (on / limited / off, and why)
 ``seed``                the run's seed
 ``version``             twinserve's version
 ``git_commit``          the source tree's commit (None if unknown)
@@ -104,7 +107,7 @@ class RunStats:
     (a None field is left out of ``config.json``)."""
 
     num_requests: int
-    num_rejected: int  # refused by the admission rule
+    num_rejected: int  # refused by the admission rule or shed by the scheduling policy
     num_steps: int  # engine steps applied
     duration_s: float  # the run's span on its own clock: simulated seconds, or measured seconds
     wall_time_s: float  # wall time the run took (the simulation loop, or the measured run)
@@ -153,6 +156,7 @@ class RunMeta:
     attention_backend: str | None = None  # real: the attention kernels used
     label: str | None = None  # a name for comparisons
     notes: Mapping[str, str | float | None] = field(default_factory=dict)  # tool annotations
+    scheduling_policy: Mapping[str, Any] | None = None  # name, class, options, bulk fast path
 
     def to_dict(self) -> dict[str, Any]:
         """The ``config.json`` object: keys in the module docstring's order, None-valued
@@ -169,6 +173,8 @@ class RunMeta:
         out["workload"] = dataclasses.asdict(self.workload)
         out["stats"] = {k: v for k, v in dataclasses.asdict(self.stats).items() if v is not None}
         out["reject_reasons"] = dict(self.reject_reasons)
+        if self.scheduling_policy is not None:
+            out["scheduling_policy"] = dict(self.scheduling_policy)
         out.update(dataclasses.asdict(self.provenance))
         if self.label is not None:
             out["label"] = self.label

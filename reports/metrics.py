@@ -16,7 +16,8 @@ Per-request arrays (``input_lens``, ``output_lens``, ``ttfts``, ``itls``, ``late
 ``start_times``, ``errors``) are written only with ``detailed=True`` (METRICS.md §1; vllm's
 ``--save-detailed``), since they are large. Our own keys follow vllm's: ``slo_attainment``,
 ``breakdown``, ``engine``, ``diagnosis``, ``kind``, ``config``, ``seed``, ``version``,
-``git_commit``, ``report_options``.
+``git_commit``, ``report_options``; and, for a run whose requests carry tenants or SLO
+classes, ``by_tenant`` / ``by_slo_class`` (``reports.classes``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from reports.breakdown import breakdown_summary
+from reports.classes import group_breakdown
 from reports.diagnosis import diagnose
 from reports.engine_stats import engine_stats, run_span
 from reports.itl import per_request_itls, per_second_peaks, pooled_itls
@@ -172,6 +174,7 @@ def summarize(
         if key in selected:
             out.update(_metric_fields(describes[key], key))
     out.update(_own_fields(tables, meta, goodput, ttft, all_tpot, e2el, duration))
+    out.update(group_breakdown(tables, meta, goodput, duration))
     out["report_options"] = {
         "goodput": goodput, "percentiles": percentiles, "percentile_metrics": selected,
         "detailed": detailed,

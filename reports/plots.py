@@ -28,7 +28,8 @@ BATCH_BINS = 500
 SEGMENT_COLOURS: dict[str, str] = {
     "client_to_frontend": "#8c564b", "frontend_cpu": "#c49c94", "ipc_in": "#7f7f7f",
     "wait_token_budget": "#ff7f0e", "wait_max_num_seqs": "#bcbd22", "wait_kv_cache": "#d62728",
-    "wait_preemption": "#ff9896", "wait_next_step": "#c7c7c7", "prefill": "#1f77b4",
+    "wait_preemption": "#ff9896", "wait_policy": "#e377c2", "wait_next_step": "#c7c7c7",
+    "prefill": "#1f77b4",
     "decode": "#aec7e8", "output_first": "#2ca02c", "output_last": "#2ca02c",
 }
 METRIC_LABELS: dict[str, str] = {

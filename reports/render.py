@@ -82,6 +82,26 @@ def breakdown_table(breakdown: Mapping[str, Any]) -> Block:
     return Block("table", header=header, rows=rows)
 
 
+def group_table(summary: Mapping[str, Any]) -> Block:
+    """One row per tenant and per SLO class (``reports.classes``)."""
+    header = ["group", "requests", "completed", "rejected", "TTFT p50 / p99 (ms)",
+              "TPOT p50 / p99 (ms)", "E2EL p50 / p99 (ms)", "SLO attainment",
+              "goodput (req/s)"]
+    rows = []
+    for key, word in (("by_tenant", "tenant"), ("by_slo_class", "class")):
+        for name, g in (summary.get(key) or {}).items():
+            att = g.get("slo_attainment")
+            rows.append([
+                f"{word} {name or '(none)'}", _f(g["num_requests"]), _f(g["completed"]),
+                _f(g["rejected"]),
+                f"{_f(g['median_ttft_ms'], 1)} / {_f(g['p99_ttft_ms'], 1)}",
+                f"{_f(g['median_tpot_ms'], 1)} / {_f(g['p99_tpot_ms'], 1)}",
+                f"{_f(g['median_e2el_ms'], 1)} / {_f(g['p99_e2el_ms'], 1)}",
+                "–" if att is None else f"{100 * att:.1f}%", _f(g.get("goodput")),
+            ])
+    return Block("table", header=header, rows=rows)
+
+
 def engine_table(engine: Mapping[str, Any]) -> Block:
     rows = [[k, _f(v, 3) if isinstance(v, float) else _f(v)] for k, v in engine.items()
             if not isinstance(v, Mapping)]
@@ -89,6 +109,19 @@ def engine_table(engine: Mapping[str, Any]) -> Block:
         if isinstance(v, Mapping):
             rows.append([k, ", ".join(f"{a}: {_f(b, 3)}" for a, b in v.items()) or "–"])
     return Block("table", header=["engine statistic", "value"], rows=rows)
+
+
+def _policy_blocks(meta: Mapping[str, Any]) -> list[Block]:
+    """One line on the run's scheduling policy and what the bulk fast path did with it."""
+    policy = meta.get("scheduling_policy")
+    if not policy:
+        return []
+    options = ", ".join(f"{k}={v}" for k, v in (policy.get("options") or {}).items())
+    text = (f"Scheduling policy {policy.get('name')} ({policy.get('class')}"
+            + (f"; {options}" if options else "") + ")")
+    if policy.get("bulk_fast_path"):
+        text += f" · bulk fast path: {policy['bulk_fast_path']}"
+    return [Block("p", text + ".")]
 
 
 def report_blocks(
@@ -103,6 +136,7 @@ def report_blocks(
         Block("p", f"Date {summary.get('date')} · backend {summary.get('backend')} · seed "
                    f"{summary.get('seed')} · version {summary.get('version')} · commit "
                    f"{summary.get('git_commit')}" + (f" · workload: {source}" if source else "")),
+        *_policy_blocks(meta),
         Block("h2", f"Diagnosis: {diag['verdict']}"),
         Block("p", diag["text"]),
         Block("h2", "Serving benchmark result (vllm bench serve layout)"),
@@ -118,6 +152,13 @@ def report_blocks(
                    Block("p", f"Goodput {_f(summary.get('request_goodput'))} req/s."),
                    Block("table", header=["SLO", "limit (ms)", "requests meeting it"],
                          rows=rows)]
+    if summary.get("by_tenant") or summary.get("by_slo_class"):
+        blocks += [Block("h2", "By tenant and SLO class"),
+                   Block("p", "Each group's requests, rejections (the admission rule, or shed "
+                              "by the scheduling policy), latency of its completed requests, "
+                              "and the share of all its requests that completed within their "
+                              "SLO (their class's targets, else the run's goodput SLOs)."),
+                   group_table(summary)]
     blocks += [Block("h2", "Where the time went"),
                Block("p", "Each request's TTFT and E2EL split into consecutive segments; "
                           "columns are the mean over the requests around that percentile."),

@@ -105,7 +105,7 @@ def _read_table_file(d: Path, name: str) -> pd.DataFrame:
     if parquet.exists():
         return pd.read_parquet(parquet)
     if csv.exists():
-        df = pd.read_csv(csv, dtype={"req_id": str})
+        df = pd.read_csv(csv, dtype={"req_id": str, "tenant": str, "slo_class": str})
         if "admission_blocker" in df:
             df["admission_blocker"] = pd.Categorical(
                 df["admission_blocker"].fillna("").astype(str)
@@ -113,6 +113,9 @@ def _read_table_file(d: Path, name: str) -> pd.DataFrame:
         for col in ("finish_reason", "rejected_reason"):
             if col in df:
                 df[col] = pd.Categorical(df[col].astype(object))
+        for col in ("tenant", "slo_class"):  # labels: "" (read back as NaN) for none
+            if col in df:
+                df[col] = pd.Categorical(df[col].fillna("").astype(str))
         if "success" in df:
             df["success"] = df["success"].astype(bool)
         return df

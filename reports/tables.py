@@ -14,7 +14,9 @@ Invariants (each checked by tests):
 * the ``seg_*`` columns (``breakdown.SEGMENTS``) are consecutive and sum to ``ttft_s`` (TTFT
   path) and ``e2el_s`` (E2EL path) for every successful request;
 * ``steps`` is sorted by ``step_id``; ``token_runs`` is sorted by (``req_index``,
-  ``first_step``).
+  ``first_step``);
+* ``tenant`` and ``slo_class`` (categorical, "" for a request without one) are columns only when
+  the log has labels (a workload with tenants or SLO classes).
 
 Everything is vectorised over requests and steps: a million requests build in seconds.
 """
@@ -65,6 +67,9 @@ class ExportedLog:
 
     def delivered_columns(self) -> dict[str, Any]:
         return self._exported["delivered"]  # type: ignore[no-any-return]
+
+    def labels_columns(self) -> dict[str, Any]:
+        return self._exported.get("labels") or {"req_index": [], "tenant": [], "slo_class": []}
 
 
 #: What the tables are built from: the log itself, or its export.
@@ -196,6 +201,7 @@ def build_requests(log: RunLog, steps: pd.DataFrame, runs: pd.DataFrame) -> pd.D
     cols.update(times)
     if "replica" in steps:  # data-parallel engines: the one that produced the tokens
         cols["replica"] = pd.array(tokens["replica"], dtype="Int64")
+    cols.update(_label_columns(log, n))
     cols["last_token_s"] = tokens["last_token_s"]
     cols["first_token_delivered_s"] = tokens["first_token_delivered_s"]
     cols["last_token_delivered_s"] = tokens["last_token_delivered_s"]
@@ -257,6 +263,20 @@ def _token_columns(steps: pd.DataFrame, runs: pd.DataFrame, n: int) -> dict[str,
         "first_token_delivered_s": np.where(has, delivered[first_step], np.nan),
         "last_token_delivered_s": np.where(has, delivered[last_step], np.nan),
     }
+
+
+def _label_columns(log: RunLog, n: int) -> dict[str, pd.Categorical]:
+    """``tenant`` and ``slo_class`` per request ("" where none), if the log has labels."""
+    labels = log.labels_columns()
+    idx = np.asarray(labels["req_index"], dtype=np.int64)
+    if not idx.size:
+        return {}
+    out = {}
+    for name in ("tenant", "slo_class"):
+        values = np.full(n, "", dtype=object)
+        values[idx] = labels[name]
+        out[name] = pd.Categorical(values)
+    return out
 
 
 # -- event columns --------------------------------------------------------------------------------

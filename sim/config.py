@@ -175,6 +175,7 @@ class SimConfig:
             )
         if self.router_load_cap < 0:
             raise ConfigError(f"router_load_cap must be >= 0, got {self.router_load_cap}")
+        self._check_policy()
         self._check_pipeline()
         if not self.uses_catalog_labels_only:
             get_model(self.model)
@@ -214,6 +215,16 @@ class SimConfig:
                     f"cost_model 'vllm' needs measured kernel tables, which {gpu.name} has "
                     "none of; use 'roofline'"
                 )
+
+    def _check_policy(self) -> None:
+        """The scheduling policy's class can be imported and is one, and a policy that needs
+        SLOs gets a workload whose requests carry them (its options are checked when it is
+        built, with the engine)."""
+        from engine.core.policy import needs_slos_message, policy_class
+
+        cls = policy_class(self.engine.policy)
+        if getattr(cls, "needs_slos", False) is True and not self.workload.slo_classes:
+            raise ConfigError(needs_slos_message(self.engine.policy))
 
     def _check_pipeline(self) -> None:
         from sim.network import get_network
@@ -301,7 +312,10 @@ class SimConfig:
             out[f.name] = dataclasses.asdict(value) if is_record else value
         w = out["workload"]
         w["request_rate"] = _encode_float(w["request_rate"])
-        w["priority_mix"] = [list(p) for p in w["priority_mix"]]
+        for name in ("priority_mix", "tenant_mix", "slo_classes", "slo_class_mix"):
+            w[name] = [list(p) for p in w[name]]
+        e = out["engine"]
+        e["policy_options"] = dict(e["policy_options"])
         return out
 
     @classmethod
@@ -322,11 +336,12 @@ class SimConfig:
                 if name == "workload":
                     if "request_rate" in raw:
                         raw["request_rate"] = _decode_float(raw["request_rate"])
-                    mix = raw.get("priority_mix")
-                    if isinstance(mix, list | tuple) and all(
-                        isinstance(p, list | tuple) for p in mix
-                    ):
-                        raw["priority_mix"] = tuple(tuple(p) for p in mix)
+                    for key in ("priority_mix", "tenant_mix", "slo_classes", "slo_class_mix"):
+                        mix = raw.get(key)
+                        if isinstance(mix, list | tuple) and all(
+                            isinstance(p, list | tuple) for p in mix
+                        ):
+                            raw[key] = tuple(tuple(p) for p in mix)
                 kwargs[name] = config_from_dict(sub, raw, where=f"[{name}]")
         valid = [f.name for f in dataclasses.fields(cls)]
         unknown = sorted(set(values) - set(valid))

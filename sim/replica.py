@@ -25,6 +25,7 @@ from engine.core.engine_core import EngineCore
 from engine.core.events import EventKind, EventLog
 from engine.core.interfaces import CostModel
 from engine.core.outputs import EngineCoreOutput, SchedulerOutput
+from engine.core.policy import StreamInfo
 from engine.core.request import Request
 from sim.config import FrontendConfig
 from sim.executor import PLACEHOLDER_TOKEN_ID, SimExecutor
@@ -52,10 +53,12 @@ class EngineReplica:
         fast_path: bool = True,
         closed_loop: bool = False,
         report_state: bool = False,
+        stream: StreamInfo | None = None,
     ) -> None:
         self.index = index
         self.core = EngineCore(
-            engine_config, log, replica=index, first_step_id=index * STEP_ID_STRIDE
+            engine_config, log, replica=index, first_step_id=index * STEP_ID_STRIDE,
+            stream=stream,  # its scheduling policy is built from what it says of the requests
         )
         self.executor = SimExecutor(cost_model)  # the one way to the cost model
         self.frontend = frontend
@@ -204,7 +207,8 @@ class EngineReplica:
         for o in outputs:
             if o.finish_reason is not None:
                 started.discard(o.req_id)
-                self.log.record(o.req_id, EventKind.DELIVERED, delivered)
+                if o.req_id not in self.core.rejected_reasons:  # (a shed one was REJECTED)
+                    self.log.record(o.req_id, EventKind.DELIVERED, delivered)
                 self._on_request_done(o.req_id, delivered)
 
     # -- bulk runs ------------------------------------------------------------------------------

@@ -43,6 +43,14 @@ from engine.core.events import EventKind, EventLog
 from engine.core.hashing import PrecomputedBlockHasher
 from engine.core.interfaces import CostModel
 from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.policy import (
+    PolicyError,
+    RequestLengths,
+    StreamInfo,
+    describe_bulk,
+    held_message,
+    policy_summary,
+)
 from engine.core.request import Request, SamplingParams
 from sim.clock import wake_at
 from sim.cluster import (
@@ -107,7 +115,7 @@ class SimStats:
     """Counters of one run (for reports and benchmarks)."""
 
     num_requests: int = 0
-    num_rejected: int = 0
+    num_rejected: int = 0  # by the admission rule, or shed by the scheduling policy
     num_steps: int = 0  # engine steps (schedule() calls applied)
     num_bulk_steps: int = 0  # of which applied by the bulk fast path
     num_bulk_runs: int = 0
@@ -127,6 +135,7 @@ class SimResult:
     event_log: EventLog
     stats: SimStats
     reject_reasons: dict[str, str] = field(default_factory=dict)
+    scheduling_policy: dict[str, object] = field(default_factory=dict)  # policy_summary
 
 
 def make_cost_model(cfg: SimConfig, engine_config: EngineConfig | None = None) -> CostModel:
@@ -213,12 +222,17 @@ class SimRuntime:
                 cfg.router, self._router_inputs(), 1,
             )[0]
         self.shard = shard
+        w = self.workload
+        stream = StreamInfo(
+            seed=cfg.seed, lengths=RequestLengths(w.prompt_lens, w.output_lens),
+            has_slos=w.has_slos,
+        )
         self.replicas = [
             EngineReplica(
                 r, self.engine_config, self.cost_model, cfg.frontend, self.log,
                 self._request_done, fast_path=cfg.fast_path,
                 closed_loop=self.workload.max_concurrency is not None,
-                report_state=state_router,
+                report_state=state_router, stream=stream,
             )
             for r in (shard.replicas if shard is not None else range(cfg.data_parallel_size))
         ]
@@ -296,6 +310,9 @@ class SimRuntime:
             self.env.run()
         finally:
             _loop_gc_exit()
+        for replica in self.replicas:
+            if replica.core.held_by_policy:
+                raise PolicyError(held_message(replica.core))
         # a shard of several is compacted once the shards are merged (sim/fleet.py)
         if self._routed and len(self.replicas) == self.cfg.data_parallel_size:
             self.log.compact_step_ids(STEP_ID_STRIDE)
@@ -309,9 +326,19 @@ class SimRuntime:
             self.api.busy_s if self.shard is None else self.shard.api_server_busy_s
         )
         stats.output_processor_busy_s = sum(r.out.busy_s for r in self.replicas)
+        for replica in self.replicas:
+            self.reject_reasons.update(replica.core.rejected_reasons)
+        stats.num_rejected = len(self.reject_reasons)
         return SimResult(
-            self.cfg, self.engine_config, self.workload, self.log, stats, self.reject_reasons
+            self.cfg, self.engine_config, self.workload, self.log, stats, self.reject_reasons,
+            self.policy_summary(),
         )
+
+    def policy_summary(self) -> dict[str, object]:
+        """The scheduling policy of the run, as its metadata records it (``policy_summary``)."""
+        policy = self.replicas[0].core.scheduler.policy
+        fast_path = describe_bulk(policy) if self.cfg.fast_path else "off (fast_path = false)"
+        return policy_summary(policy, self.engine_config.scheduler, fast_path)
 
     # -- the client -----------------------------------------------------------------------------
     def _client(self) -> Generator[simpy.Event, object, None]:
@@ -350,6 +377,9 @@ class SimRuntime:
         prompt_len = int(w.prompt_lens[i])
         output_len = int(w.output_lens[i])
         log.record(req_id, EventKind.ARRIVAL, send_s, prompt_len)
+        if w.has_labels:
+            slo = w.slo_class(i)
+            log.record_labels(req_id, w.tenant(i), "" if slo is None else slo.name)
         self._outstanding += 1
         reason = reject_reason(prompt_len, output_len, self._max_model_len)
         if reason is not None:
@@ -437,12 +467,19 @@ class SimRuntime:
         if self._caching:
             keys = self.workload.prompt_block_keys(i, self._block_size)
             hasher = PrecomputedBlockHasher(self._block_size, keys, unique_id=i)
+        w = self.workload
+        if w.has_labels:
+            return Request(
+                req_id, sampling_params=params, num_prompt_tokens=prompt_len,
+                arrival_time=send_s, priority=int(w.priorities[i]), block_hasher=hasher,
+                tenant=w.tenant(i), slo=w.slo_class(i),
+            )
         return Request(
             req_id,
             sampling_params=params,
             num_prompt_tokens=prompt_len,
             arrival_time=send_s,
-            priority=int(self.workload.priorities[i]),
+            priority=int(w.priorities[i]),
             block_hasher=hasher,
         )
 

@@ -20,6 +20,11 @@ Datasets (names and flags mirror ``vllm bench serve``):
   case the trace only supplies lengths (sampled with the seed) and arrivals are synthetic.
 
 Synthetic arrivals are vllm bench's gamma process, or its ramp-up (``workload.arrivals``).
+
+Tenants and SLO classes (``labels``): the trace's ``tenant`` / ``slo_class`` columns when it
+has them, else drawn with the seed from ``tenant_mix`` / ``slo_class_mix``; a single SLO class
+goes to every request. A column and a mix for the same label, or a trace naming a class that
+``slo_classes`` does not define, is an error.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import math
 
 import numpy as np
 
+from engine.core.slo import SLOClass
 from workload.arrivals import ramp_up_send_times, synthetic_send_times
 from workload.config import MAX_SPAN_S, WorkloadConfig
 from workload.errors import WorkloadError
@@ -60,7 +66,77 @@ def build_workload(cfg: WorkloadConfig) -> Workload:
         prios = np.array([p for p, _ in cfg.priority_mix], dtype=np.int64)
         fracs = np.array([f for _, f in cfg.priority_mix], dtype=np.float64)
         w = _replace(w, priorities=prios[rng.choice(len(prios), size=len(w), p=fracs)])
-    return w
+    return labels(cfg, w)
+
+
+#: Seed offsets of the label draws (independent of the lengths, arrivals and priorities).
+TENANT_SEED_OFFSET = 104_729
+SLO_CLASS_SEED_OFFSET = 1_299_709
+
+
+def labels(cfg: WorkloadConfig, w: Workload) -> Workload:
+    """``w`` with each request's tenant and SLO class drawn from the mixes, or the one class
+    given to everyone (a trace's columns are read by ``_trace``)."""
+    changes: dict[str, object] = {}
+    if cfg.tenant_mix:
+        if w.tenant_ids is not None:
+            raise WorkloadError(
+                "the trace gives each request a tenant (its tenant column) and tenant_mix "
+                "draws them too: leave one out"
+            )
+        names, ids = _draw(cfg.tenant_mix, len(w), cfg.seed + TENANT_SEED_OFFSET)
+        changes.update(tenants=names, tenant_ids=ids)
+    classes = cfg.slo_class_defs()
+    if cfg.slo_class_mix:
+        if w.slo_class_ids is not None:
+            raise WorkloadError(
+                "the trace gives each request an SLO class (its slo_class column) and "
+                "slo_class_mix draws them too: leave one out"
+            )
+        names, ids = _draw(cfg.slo_class_mix, len(w), cfg.seed + SLO_CLASS_SEED_OFFSET)
+        changes.update(slo_classes=classes, slo_class_ids=_class_ids(classes, names, ids))
+    elif w.slo_class_ids is None and len(classes) == 1:
+        changes.update(slo_classes=classes, slo_class_ids=np.zeros(len(w), dtype=np.int32))
+    elif w.slo_class_ids is None and classes:
+        raise WorkloadError(
+            f"slo_classes defines {len(classes)} classes but nothing says which request has "
+            "which: give slo_class_mix, or a trace with an slo_class column"
+        )
+    return _replace(w, **changes) if changes else w
+
+
+def _codes(values: list[str]) -> tuple[tuple[str, ...], np.ndarray]:
+    """Distinct names in first-seen order, and each value's index among them."""
+    names: dict[str, int] = {}
+    ids = np.fromiter((names.setdefault(v, len(names)) for v in values), np.int32, len(values))
+    return tuple(names), ids
+
+
+def _draw(
+    mix: tuple[tuple[str, float], ...], n: int, seed: int
+) -> tuple[tuple[str, ...], np.ndarray]:
+    """``n`` names drawn from ``mix`` ((name, fraction), …): the names, and each draw's index."""
+    rng = np.random.default_rng(seed)
+    fracs = np.array([f for _, f in mix], dtype=np.float64)
+    return tuple(name for name, _ in mix), rng.choice(len(mix), size=n, p=fracs).astype(np.int32)
+
+
+def _class_ids(
+    classes: tuple[SLOClass, ...], names: tuple[str, ...], ids: np.ndarray
+) -> np.ndarray:
+    """Indexes into ``classes`` of the requests whose class is ``names[ids[i]]``; a name
+    ``classes`` does not define is an error."""
+    defined = [c.name for c in classes]
+    undefined = [n for n in names if n not in defined]
+    if undefined:
+        raise WorkloadError(
+            f"the trace names SLO class(es) {', '.join(map(repr, undefined))} that slo_classes "
+            f"does not define (defined: {', '.join(defined) or 'none'}): define each as "
+            "[name, ttft_ms, tpot_ms]"
+        )
+    index = np.array([defined.index(n) for n in names], dtype=np.int32)
+    out: np.ndarray = index[ids]
+    return out
 
 
 def send_times(cfg: WorkloadConfig, n: int) -> np.ndarray:
@@ -145,6 +221,14 @@ def _trace(cfg: WorkloadConfig) -> Workload:
             f" sped up {cfg.trace_time_scale}x" if cfg.trace_time_scale != 1 else ""
         )
     hash_ids = [rows.hash_ids[i] for i in idx] if rows.hash_ids is not None else None
+    label_columns: dict[str, object] = {}
+    if rows.tenants is not None:
+        names, ids = _codes([rows.tenants[i] for i in idx])
+        label_columns.update(tenants=names, tenant_ids=ids)
+    if rows.slo_classes is not None:
+        classes = cfg.slo_class_defs()
+        names, ids = _codes([rows.slo_classes[i] for i in idx])
+        label_columns.update(slo_classes=classes, slo_class_ids=_class_ids(classes, names, ids))
     return Workload(
         send_time_s=send,
         prompt_lens=rows.prompt_lens[idx],
@@ -157,6 +241,7 @@ def _trace(cfg: WorkloadConfig) -> Workload:
         hash_ids=hash_ids,
         request_rate=cfg.request_rate if cfg.trace_rate_given else math.nan,
         burstiness=cfg.burstiness,
+        **label_columns,  # type: ignore[arg-type]
     )
 
 

@@ -3,6 +3,11 @@
 Names and defaults mirror ``vllm bench serve``'s flags (``--dataset-name``, ``--request-rate``,
 ``--random-input-len`` …); ``workload.build`` says what each dataset makes of them. Every value is
 checked in ``__post_init__`` and a bad one is a ``WorkloadError`` naming the field.
+
+Requests may carry a tenant and an SLO class (``engine.core.slo``): ``slo_classes`` defines the
+classes (name, TTFT target ms, TPOT target ms), and each request gets its tenant and class from
+the trace's ``tenant`` / ``slo_class`` columns or, for a dataset without them, drawn with the
+seed from ``tenant_mix`` / ``slo_class_mix`` (one class alone needs no mix: everyone has it).
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from engine.core.config import INFINITE_OK
+from engine.core.errors import UserError
+from engine.core.slo import SLOClass
 from workload.arrivals import RAMP_UP_STRATEGIES
 from workload.errors import WorkloadError
 from workload.traces import TRACES
@@ -62,6 +69,12 @@ class WorkloadConfig:
     ramp_up_end_rps: float | None = None
     # request classes: ((priority, fraction), ...); empty = everyone priority 0
     priority_mix: tuple[tuple[int, float], ...] = ()
+    # tenants: ((name, fraction), ...) drawn per request; empty = the trace's column, or none
+    tenant_mix: tuple[tuple[str, float], ...] = ()
+    # SLO classes: ((name, ttft_ms, tpot_ms), ...); empty = requests carry no SLO
+    slo_classes: tuple[tuple[str, float, float], ...] = ()
+    # ((class name, fraction), ...) drawn per request; empty = the trace's column, or the one class
+    slo_class_mix: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         def bad(msg: str) -> None:
@@ -125,10 +138,34 @@ class WorkloadConfig:
         self._check_ramp_up(bad)
         if not self.trace_time_scale > 0:
             bad(f"trace_time_scale must be > 0, got {self.trace_time_scale}")
-        if self.priority_mix:
-            total = sum(f for _, f in self.priority_mix)
-            if any(f < 0 for _, f in self.priority_mix) or not math.isclose(total, 1.0):
-                bad(f"priority_mix fractions must be >= 0 and sum to 1, got {self.priority_mix}")
+        for name in ("priority_mix", "tenant_mix", "slo_class_mix"):
+            mix = getattr(self, name)
+            if mix:
+                total = sum(f for _, f in mix)
+                if any(f < 0 for _, f in mix) or not math.isclose(total, 1.0):
+                    bad(f"{name} fractions must be >= 0 and sum to 1, got {mix}")
+                labels = [label for label, _ in mix]
+                if len(set(labels)) != len(labels):
+                    bad(f"{name} names a class twice: {mix}")
+        self.slo_class_defs()  # checks the classes
+        defined = [c for c, _, _ in self.slo_classes]
+        if len(set(defined)) != len(defined):
+            bad(f"slo_classes defines a class twice: {', '.join(defined)}")
+        undefined = [c for c, _ in self.slo_class_mix if c not in defined]
+        if undefined:
+            bad(
+                f"slo_class_mix names class(es) {', '.join(map(repr, undefined))} that "
+                f"slo_classes does not define (defined: {', '.join(defined) or 'none'})"
+            )
+        if any(not isinstance(t, str) or not t for t, _ in self.tenant_mix):
+            bad(f"tenant_mix names must be non-empty strings, got {self.tenant_mix}")
+
+    def slo_class_defs(self) -> tuple[SLOClass, ...]:
+        """The SLO classes ``slo_classes`` defines (targets in seconds)."""
+        try:
+            return tuple(SLOClass.from_ms(n, t, p) for n, t, p in self.slo_classes)
+        except UserError as exc:
+            raise WorkloadError(f"slo_classes: {exc}") from None
 
     def _check_sharegpt(self, bad: Callable[[str], None]) -> None:
         if self.dataset_name == "sharegpt" and not (self.dataset_path and self.tokenizer):

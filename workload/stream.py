@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from engine.core.slo import SLOClass
 from workload.traces import MOONCAKE_BLOCK_TOKENS
 
 
@@ -35,9 +36,35 @@ class Workload:
     request_rate: float = math.inf
     burstiness: float = 1.0
     extra: dict[str, object] = field(default_factory=dict)
+    # who sent each request: an index into ``tenants`` (None: no tenants)
+    tenant_ids: np.ndarray | None = None
+    tenants: tuple[str, ...] = ()
+    # each request's SLO class: an index into ``slo_classes`` (None: no SLOs)
+    slo_class_ids: np.ndarray | None = None
+    slo_classes: tuple[SLOClass, ...] = ()
 
     def __len__(self) -> int:
         return len(self.prompt_lens)
+
+    @property
+    def has_labels(self) -> bool:
+        """Do requests carry a tenant or an SLO class?"""
+        return self.tenant_ids is not None or self.slo_class_ids is not None
+
+    @property
+    def has_slos(self) -> bool:
+        """Does every request carry an SLO class?"""
+        return self.slo_class_ids is not None
+
+    def tenant(self, index: int) -> str:
+        """Request ``index``'s tenant ("" when the workload has none)."""
+        ids = self.tenant_ids
+        return "" if ids is None else self.tenants[int(ids[index])]
+
+    def slo_class(self, index: int) -> SLOClass | None:
+        """Request ``index``'s SLO class (None when the workload has none)."""
+        ids = self.slo_class_ids
+        return None if ids is None else self.slo_classes[int(ids[index])]
 
     def prompt_block_keys(self, index: int, block_size: int) -> Sequence[Hashable]:
         """Prefix identity of each full prompt block of request ``index`` that it may share.

@@ -3,10 +3,12 @@
 Three formats: a request-stream CSV ``arrived_at, num_prefill_tokens, num_decode_tokens``
 (Vidur's format, seconds), an Azure LLM 2023 CSV ``TIMESTAMP, ContextTokens, GeneratedTokens``,
 and a Mooncake JSONL (``timestamp`` ms, ``input_length``, ``output_length``, ``hash_ids``: one id
-per 512-token block, equal ids = shared prefix). Arrival times are seconds from the first
-request, sorted; every problem is reported as a ``WorkloadError`` naming the file, the row or
-column, and what is expected. ``TRACES`` names the traces shipped in ``workload/data/traces``
-(sources and licences in ``workload/data/SOURCES.md``).
+per 512-token block, equal ids = shared prefix). A request-stream CSV or a Mooncake JSONL may
+also give each request a ``tenant`` and an ``slo_class`` (optional columns / keys; non-empty
+names, every row or none). Arrival times are seconds from the first request, sorted; every
+problem is reported as a ``WorkloadError`` naming the file, the row or column, and what is
+expected. ``TRACES`` names the traces shipped in ``workload/data/traces`` (sources and
+licences in ``workload/data/SOURCES.md``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -32,6 +35,8 @@ TRACES = {
 }
 MOONCAKE_BLOCK_TOKENS = 512
 STREAM_COLUMNS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
+#: Optional per-request labels of a request-stream CSV (columns) or a Mooncake JSONL (keys).
+LABEL_COLUMNS = ("tenant", "slo_class")
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 
 
@@ -45,6 +50,8 @@ class TraceRows:
     output_lens: np.ndarray
     hash_ids: list[tuple[int, ...]] | None
     kind: str
+    tenants: list[str] | None = None  # the tenant column (None: absent)
+    slo_classes: list[str] | None = None  # the slo_class column (None: absent)
 
 
 def resolve_trace_path(path: str) -> Path:
@@ -146,11 +153,29 @@ def load_trace(path_or_name: str) -> TraceRows:
         prompt = _positive_ints(cols["num_prefill_tokens"], path, "num_prefill_tokens")
         output = _positive_ints(cols["num_decode_tokens"], path, "num_decode_tokens")
         kind = "request-stream"
-    return _checked(path, TraceRows(arrival, prompt, output, None, kind))
+    tenants, classes = (
+        _labels(path, cols.get(name), name) if not is_azure else None for name in LABEL_COLUMNS
+    )
+    return _checked(path, TraceRows(arrival, prompt, output, None, kind, tenants, classes))
+
+
+def _labels(path: Path, values: list[str] | None, column: str) -> list[str] | None:
+    """A label column's values, stripped; every one must be a non-empty name."""
+    if values is None:
+        return None
+    out = [str(v).strip() for v in values]
+    if not all(out):
+        bad = out.index("")
+        raise WorkloadError(
+            f"{path}: column {column} is empty for request {bad}: give every request one "
+            "(or leave the column out)"
+        )
+    return out
 
 
 def _load_mooncake(path: Path) -> TraceRows:
     stamps, prompt, output, hashes = [], [], [], []
+    labels: dict[str, list[str]] = {name: [] for name in LABEL_COLUMNS}
     try:
         with open(path) as f:
             for lineno, line in enumerate(f, 1):
@@ -171,6 +196,14 @@ def _load_mooncake(path: Path) -> TraceRows:
                     lengths = (int(raw[0]), int(raw[1]))
                     if max(abs(n) for n in lengths) >= 2**62:
                         raise ValueError(f"length out of range: {lengths}")
+                    for name in LABEL_COLUMNS:
+                        if name in row:
+                            value = row[name]
+                            if not isinstance(value, str) or not value.strip():
+                                raise ValueError(
+                                    f"{name} must be a non-empty string, got {value!r}"
+                                )
+                            labels[name].append(value.strip())
                     prompt.append(lengths[0])
                     output.append(lengths[1])
                     hashes.append(tuple(ids))
@@ -185,10 +218,16 @@ def _load_mooncake(path: Path) -> TraceRows:
         raise WorkloadError(f"cannot read trace {path}: {exc}") from None
     if not stamps:
         raise WorkloadError(f"{path}: the trace holds no requests")
+    for name, values in labels.items():
+        if values and len(values) != len(stamps):
+            raise WorkloadError(
+                f"{path}: {len(values)} of {len(stamps)} rows give {name}: give it in every row "
+                "or in none"
+            )
     arrival = np.array(stamps) - stamps[0]
     rows = TraceRows(
         arrival, np.array(prompt, dtype=np.int64), np.array(output, dtype=np.int64), hashes,
-        "mooncake",
+        "mooncake", labels["tenant"] or None, labels["slo_class"] or None,
     )
     return _checked(path, rows)
 
@@ -214,8 +253,12 @@ def _checked(path: Path, rows: TraceRows) -> TraceRows:
         )
     if (np.diff(rows.arrival_s) < 0).any():
         order = np.argsort(rows.arrival_s, kind="stable")
+
+        def sort(values: list[Any] | None) -> list[Any] | None:
+            return [values[i] for i in order] if values is not None else None
+
         rows = TraceRows(
             rows.arrival_s[order], rows.prompt_lens[order], rows.output_lens[order],
-            [rows.hash_ids[i] for i in order] if rows.hash_ids is not None else None, rows.kind,
+            sort(rows.hash_ids), rows.kind, sort(rows.tenants), sort(rows.slo_classes),
         )
     return rows

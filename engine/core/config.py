@@ -23,10 +23,13 @@ from dataclasses import dataclass
 from typing import Any, Literal, Self, TypeGuard, TypeVar
 
 from engine.core.errors import UserError
+from engine.core.policy_names import check_policy_name
 
-SchedulingPolicy = Literal["fcfs", "priority"]
-#: The valid scheduling policies (``SchedulingPolicy``), checked in one place: ``_require_policy``.
+#: vLLM's own scheduling policies; any other is a shipped name or ``package.module:ClassName``
+#: (``engine.core.policy_names``), checked in one place: ``_require_policy``.
 POLICIES: tuple[str, ...] = ("fcfs", "priority")
+#: A scheduling policy's options, as sorted (key, value) pairs (``normalize_policy_options``).
+PolicyOptions = tuple[tuple[str, str | int | float | bool], ...]
 
 #: vLLM's default KV block size (``CacheConfig.DEFAULT_BLOCK_SIZE``).
 DEFAULT_BLOCK_SIZE = 16
@@ -52,7 +55,34 @@ def is_number(value: object) -> TypeGuard[int | float]:
 
 
 def _require_policy(policy: object) -> None:
-    _require(policy in POLICIES, f"policy must be 'fcfs' or 'priority', got {policy!r}")
+    why = check_policy_name(policy)
+    _require(why is None, f"policy: {why}")
+
+
+def normalize_policy_options(value: object) -> PolicyOptions:
+    """A policy's options as sorted (key, value) pairs, from a mapping (a TOML table) or from
+    pairs (a config dict round trip); keys are strings, values finite scalars."""
+    if isinstance(value, dict):
+        pairs = list(value.items())
+    elif isinstance(value, tuple | list) and all(
+        isinstance(p, tuple | list) and len(p) == 2 for p in value
+    ):
+        pairs = [(p[0], p[1]) for p in value]
+    else:
+        raise ConfigError(
+            f"policy_options must be a table of option = value, got {value!r}"
+        )
+    for key, v in pairs:
+        _require(isinstance(key, str) and bool(key),
+                 f"policy_options: an option name must be a non-empty string, got {key!r}")
+        _require(
+            isinstance(v, str | bool) or (is_number(v) and math.isfinite(v)),
+            f"policy_options: {key} must be a string, a finite number or true/false, got {v!r}",
+        )
+    keys = [k for k, _ in pairs]
+    repeated = sorted({k for k in keys if keys.count(k) > 1})
+    _require(not repeated, f"policy_options: {', '.join(repeated)} given twice")
+    return tuple(sorted(pairs))
 
 
 def _require_bools(obj: object, names: tuple[str, ...]) -> None:
@@ -75,6 +105,8 @@ def config_from_dict(cls: type[_C], values: dict[str, Any], *, where: str = "") 
             f"unknown key(s) {', '.join(unknown)}{label} for {cls.__name__}; "
             f"valid keys: {', '.join(names)}"
         )
+    if isinstance(values.get("policy_options"), dict):  # a TOML table: {option: value}
+        values = {**values, "policy_options": normalize_policy_options(values["policy_options"])}
     check_field_types(cls, values, where=where)
     return cls(**values)
 
@@ -166,7 +198,8 @@ class SchedulerConfig:
     max_model_len: int = 8192  # longest sequence (prompt + outputs) the model accepts
     enable_chunked_prefill: bool = True  # split long prompts across steps
     long_prefill_token_threshold: int = 0  # cap per-step tokens of one prefill; 0 = off
-    policy: SchedulingPolicy = "fcfs"  # "fcfs" or "priority" (smaller value first)
+    policy: str = "fcfs"  # "fcfs", "priority" (smaller first), a shipped name or module:Class
+    policy_options: PolicyOptions = ()  # the policy's own options (engine/core/policy.py)
     scheduler_reserve_full_isl: bool = True  # admit only if the whole sequence's KV fits
     async_scheduling: bool = False  # two batches in flight (the engine's batch queue)
     max_num_scheduled_tokens: int | None = None  # None = max_num_batched_tokens
@@ -204,6 +237,7 @@ class SchedulerConfig:
             f"got {self.long_prefill_token_threshold!r}",
         )
         _require_policy(self.policy)
+        object.__setattr__(self, "policy_options", normalize_policy_options(self.policy_options))
         _require_bools(
             self, ("enable_chunked_prefill", "scheduler_reserve_full_isl", "async_scheduling")
         )
@@ -319,7 +353,8 @@ CLASS_DEFAULT_BUDGETS = BudgetDefaults(max_num_batched_tokens=2048, max_num_seqs
 class EngineKnobs:
     """vLLM's engine knobs as a user sets them, in either world; None = the deployment's default.
 
-    Invariants: budgets, when given, are positive integers; the policy is one of ``POLICIES``;
+    Invariants: budgets, when given, are positive integers; the policy names one
+    (``engine.core.policy.check_policy_name``) and its options are scalars;
     the block size and watermark are valid for a ``CacheConfig``. Everything that depends on
     the model or the memory (``max_model_len``, the KV block count) is resolved elsewhere and
     passed to ``resolve``, where the full ``SchedulerConfig`` validation runs.
@@ -329,7 +364,8 @@ class EngineKnobs:
     max_num_seqs: int | None = None  # None: min(the deployment's default, the token budget)
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0
-    policy: str = "fcfs"  # "fcfs" or "priority"
+    policy: str = "fcfs"  # "fcfs", "priority", a shipped policy or package.module:ClassName
+    policy_options: PolicyOptions = ()  # the policy's options ({name: value} in files)
     scheduler_reserve_full_isl: bool = True
     async_scheduling: bool = True  # vLLM 0.33.0's online default; two batches in flight
     block_size: int = DEFAULT_BLOCK_SIZE
@@ -342,6 +378,7 @@ class EngineKnobs:
             _require(v is None or (is_int(v) and v >= 1),
                      f"{name} must be a positive integer, got {v!r}")
         _require_policy(self.policy)
+        object.__setattr__(self, "policy_options", normalize_policy_options(self.policy_options))
         CacheConfig(block_size=self.block_size, watermark=self.watermark)  # validates
 
     def budgets(self, defaults: BudgetDefaults) -> BudgetDefaults:
@@ -368,7 +405,8 @@ class EngineKnobs:
             max_model_len=max_model_len,
             enable_chunked_prefill=self.enable_chunked_prefill,
             long_prefill_token_threshold=self.long_prefill_token_threshold,
-            policy=self.policy,  # type: ignore[arg-type]  # checked: one of POLICIES
+            policy=self.policy,
+            policy_options=self.policy_options,
             scheduler_reserve_full_isl=self.scheduler_reserve_full_isl,
             async_scheduling=self.async_scheduling,
         )

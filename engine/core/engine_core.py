@@ -10,7 +10,14 @@ applies it.
 
 The core never reads a clock: every method takes ``now``. It writes the request events of
 ARCHITECTURE.md §4 that happen inside the engine (enqueued, scheduled, preempted, tokens,
-finished) and one ``StepRecord`` per applied step.
+finished; rejected when the scheduling policy sheds a request) and one ``StepRecord`` per
+applied step. A shed request's final output (no tokens, finish reason "abort") comes with the
+next applied step's outputs, so every driver delivers it the way it delivers finishes.
+
+A scheduling policy that holds every waiting request back (admit says WAIT) while nothing runs
+leaves the engine with no work until its next input (``held_by_policy``): drivers then idle
+instead of spinning through empty steps. A driver that expects no more input while the policy
+holds requests back must say so (``held_by_policy``): they can never run.
 """
 
 from __future__ import annotations
@@ -25,8 +32,14 @@ from engine.core.bulk.records import AppliedRun, RunTiming, run_step_columns
 from engine.core.bulk.run import BulkRun
 from engine.core.config import EngineConfig
 from engine.core.events import EventKind, EventLog, StepRecord
-from engine.core.outputs import EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
-from engine.core.request import Request, RequestStatus
+from engine.core.outputs import (
+    AdmissionBlocker,
+    EngineCoreOutput,
+    ModelRunnerOutput,
+    SchedulerOutput,
+)
+from engine.core.policy import SchedulingPolicy, StreamInfo
+from engine.core.request import FinishReason, Request, RequestStatus
 from engine.core.scheduler import Scheduler
 
 
@@ -52,23 +65,34 @@ class EngineCore:
         *,
         replica: int = 0,
         first_step_id: int = 0,
+        policy: SchedulingPolicy | None = None,
+        stream: StreamInfo | None = None,
     ) -> None:
+        """``policy``: the scheduling policy (default: the config's, built with what ``stream``
+        says of the requests to come; see ``Scheduler``)."""
         self.config = config
         self.replica = replica  # data-parallel rank (engines may share one event log)
-        self.scheduler = Scheduler(config, first_step_id=first_step_id)
+        self.scheduler = Scheduler(
+            config, first_step_id=first_step_id, policy=policy, stream=stream
+        )
         self.event_log = event_log if event_log is not None else EventLog()
         self.batch_queue_size = config.max_concurrent_batches
         self._in_flight: deque[_InFlight] = deque()
         self._must_finish = False
         self._first_token_seen: set[str] = set()
+        self._shed: list[EngineCoreOutput] = []  # rejected by the policy, not yet returned
+        self._held = False  # the last schedule() ran nothing: the policy held everyone back
+        self.rejected_reasons: dict[str, str] = {}  # every request the policy shed: why
 
     # -- inputs ---------------------------------------------------------------------------------
     def add_request(self, request: Request, now: float) -> None:
+        self._held = False
         self.scheduler.add_request(request)
         self.event_log.record(request.req_id, EventKind.ENGINE_ENQUEUED, now)
 
     def abort_requests(self, req_ids: Iterable[str], now: float) -> list[EngineCoreOutput]:
         """Abort requests (client gone); returns their final outputs."""
+        self._held = False
         aborted = self.scheduler.finish_requests(req_ids, RequestStatus.FINISHED_ABORTED)
         outs = []
         for request in aborted:
@@ -78,8 +102,17 @@ class EngineCore:
 
     # -- the step -------------------------------------------------------------------------------
     def has_work(self) -> bool:
-        """Requests to schedule, finished ids to report, or batches in flight."""
+        """Requests to schedule, finished ids to report, or batches in flight — unless the
+        scheduling policy holds every waiting request back with nothing running (see the
+        module docstring)."""
+        if self._held and not self._in_flight and not self.scheduler.finished_req_ids:
+            return False
         return self.scheduler.has_requests() or bool(self._in_flight)
+
+    @property
+    def held_by_policy(self) -> bool:
+        """Requests wait, nothing runs, and the policy admitted none at the last schedule()."""
+        return self._held and not self._in_flight and self.scheduler.has_unfinished_requests()
 
     def begin_step(self, now: float) -> SchedulerOutput | None:
         """Schedule and queue one batch, if the scheduler has requests; None otherwise."""
@@ -87,7 +120,11 @@ class EngineCore:
         if not scheduler.has_requests():
             self._must_finish = bool(self._in_flight)
             return None
-        out = scheduler.schedule()
+        out = scheduler.schedule(now)
+        if scheduler.custom_policy is not None:
+            self._held = (
+                out.admission_blocker == AdmissionBlocker.POLICY and not scheduler.running
+            )
         self._in_flight.append(_InFlight(out, now))
         executed = out.total_num_scheduled_tokens > 0
         self._must_finish = not (
@@ -123,6 +160,9 @@ class EngineCore:
         flight = self._in_flight.popleft()
         outputs = self.scheduler.update_from_output(sched_out, runner_out)
         self._record_outputs(sched_out.step_id, outputs, now)
+        if self._shed:
+            outputs.extend(self._shed)
+            self._shed = []
         self._record_step(
             flight, outputs, now, execute_start_s, execute_end_s, runner_out.execute_time_s
         )
@@ -135,7 +175,8 @@ class EngineCore:
         with none otherwise; a pipeline-parallel engine (several synchronous batches in flight)
         runs step by step."""
         in_flight = self._in_flight
-        if self.config.pipeline_parallel_size > 1 or len(in_flight) != self.batch_queue_size - 1:
+        if (self.config.pipeline_parallel_size > 1
+                or len(in_flight) != self.batch_queue_size - 1 or self._shed):
             return None
         pending = in_flight[0].sched_out if in_flight else None
         return find_bulk_run(self.scheduler, pending, token_id)
@@ -148,6 +189,7 @@ class EngineCore:
         timing.check_length(num_iterations)
         previous = self._in_flight[0] if run.is_async else None
         applied = apply_bulk_run(self.scheduler, run, num_iterations, token_id)
+        self.scheduler.note_bulk_schedules(timing.schedule_time_s[:num_iterations])
         if previous is not None:
             self._in_flight.popleft()
         if applied.last_scheduled is not None:
@@ -223,6 +265,13 @@ class EngineCore:
                     log.record(req_id, EventKind.SCHEDULED, now, computed)
         for req_id in sorted(out.preempted_req_ids):
             log.record(req_id, EventKind.PREEMPTED, now)
+        if out.rejected:
+            self.rejected_reasons.update(out.rejected)
+            for req_id, reason in out.rejected.items():
+                log.record(req_id, EventKind.REJECTED, now, reason)
+                log.close_request(req_id)
+                self._first_token_seen.discard(req_id)
+                self._shed.append(EngineCoreOutput(req_id, [], FinishReason.ABORT))
 
     def _record_outputs(self, step_id: int, outputs: list[EngineCoreOutput], now: float) -> None:
         log = self.event_log

@@ -15,6 +15,9 @@ rows. Token events are stored compactly, because a run produces one per generate
 ``iter_events()`` expands this back into one ``RequestEvent`` per token (for tests and small
 logs); reports use the columnar ``to_columns()`` views, which stay vectorisable at millions of
 requests.
+
+A request's *labels* — its tenant and SLO class, when the workload gives them — are recorded
+once, at its arrival (``record_labels``), so reports can break results down by them.
 """
 
 from __future__ import annotations
@@ -90,6 +93,8 @@ class EventLog:
         # step deliveries as two parallel typed arrays (a dict would cost ~100 bytes a step)
         self._delivered_step = array("q")
         self._delivered_time = array("d")
+        # labels of the requests that have them: req index -> (tenant, SLO class name)
+        self._labels: dict[int, tuple[str, str]] = {}
 
     # -- writing --------------------------------------------------------------------------------
     def index_of(self, req_id: str) -> int:
@@ -106,6 +111,10 @@ class EventLog:
         self._ev_kind.append(int(kind))
         self._ev_time.append(time_s)
         self._ev_payload.append(payload)
+
+    def record_labels(self, req_id: str, tenant: str, slo_class: str) -> None:
+        """The request's tenant and SLO class name ("" for none)."""
+        self._labels[self.index_of(req_id)] = (tenant, slo_class)
 
     def record_token(self, req_id: str, step_id: int) -> None:
         """One output token of ``req_id`` applied in step ``step_id`` (steps increasing)."""
@@ -299,6 +308,15 @@ class EventLog:
         self._flush_steps()
         return dict(self._steps)
 
+    def labels_columns(self) -> dict[str, list[int] | list[str]]:
+        """Request labels as columns: req_index, tenant, slo_class (requests with labels)."""
+        items = sorted(self._labels.items())
+        return {
+            "req_index": [i for i, _ in items],
+            "tenant": [t for _, (t, _c) in items],
+            "slo_class": [c for _, (_t, c) in items],
+        }
+
     def delivered_times(self) -> dict[int, float]:
         """{step id: time its outputs reached the clients} (a step is delivered at most once)."""
         return dict(zip(self._delivered_step, self._delivered_time, strict=True))
@@ -316,6 +334,7 @@ class EventLog:
             "token_runs": self.token_runs(),
             "steps": self.steps_columns(),
             "delivered": self.delivered_columns(),
+            "labels": self.labels_columns(),
         }
 
     @classmethod

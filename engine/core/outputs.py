@@ -29,6 +29,7 @@ class AdmissionBlocker(enum.StrEnum):
     MAX_NUM_SEQS = "max_num_seqs"  # RUNNING already held max_num_seqs requests
     KV_CACHE = "kv_cache"  # the head request's KV blocks did not fit
     PREEMPTION = "preemption"  # running requests were preempted: no admissions this step
+    POLICY = "policy"  # the scheduling policy said wait (``engine/core/policy.py``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +162,7 @@ class SchedulerOutput:
     finished_req_ids: set[str]  # finished since the previous schedule(): drop worker state
     batch_shape: BatchShape
     admission_blocker: AdmissionBlocker  # why admissions stopped (NONE if the queue drained)
+    rejected: dict[str, str] | None = None  # shed by the policy this step: req_id -> reason
 
     def __init__(
         self,
@@ -174,6 +176,7 @@ class SchedulerOutput:
         finished_req_ids: set[str],
         batch_shape: BatchShape,
         admission_blocker: AdmissionBlocker,
+        rejected: dict[str, str] | None = None,
     ) -> None:
         self.step_id = step_id
         self.scheduled_new_reqs = scheduled_new_reqs
@@ -185,6 +188,7 @@ class SchedulerOutput:
         self.finished_req_ids = finished_req_ids
         self.batch_shape = batch_shape
         self.admission_blocker = admission_blocker
+        self.rejected = rejected
 
 
 @dataclass(slots=True)

@@ -6,6 +6,10 @@ at the front (callers build it with ``appendleft`` to restore the original order
 
 Priority: ordered by ``(priority, arrival_time, req_id)``; "prepend" is a plain push (a heap has
 no front), and iteration yields sorted order without disturbing the heap.
+
+A scheduling policy of its own (``engine/core/policy.py``) brings any queue satisfying
+``RequestQueue``; the scheduler holds it inside a ``PolicyRequestQueue``, so that the queue it
+calls on every step is always one of three classes of this module (native calls when compiled).
 """
 
 from __future__ import annotations
@@ -20,7 +24,12 @@ from engine.core.request import Request
 
 
 class RequestQueue(Protocol):
-    """The operations the scheduler needs from a waiting queue."""
+    """The operations the scheduler needs from a waiting queue.
+
+    ``pop_request`` returns the request ``peek_request`` would (the scheduler peeks, decides,
+    then pops); "prepend" puts a preempted request back where it resumes first (a queue with
+    an order of its own may put it where that order says); iteration does not change it.
+    """
 
     def add_request(self, request: Request) -> None: ...
     def pop_request(self) -> Request: ...
@@ -121,6 +130,54 @@ class PriorityRequestQueue:
         heap = list(self._heap)
         while heap:
             yield heapq.heappop(heap)[-1]
+
+
+class PolicyRequestQueue:
+    """A scheduling policy's own queue, behind the interface of this module's queues."""
+
+    __slots__ = ("_queue",)
+
+    def __init__(self, queue: RequestQueue) -> None:
+        self._queue = queue
+
+    def add_request(self, request: Request) -> None:
+        self._queue.add_request(request)
+
+    def pop_request(self) -> Request:
+        return self._queue.pop_request()
+
+    def peek_request(self) -> Request:
+        return self._queue.peek_request()
+
+    def prepend_request(self, request: Request) -> None:
+        self._queue.prepend_request(request)
+
+    def prepend_requests(self, requests: Iterable[Request]) -> None:
+        self._queue.prepend_requests(requests)
+
+    def remove_requests(self, requests: Iterable[Request]) -> None:
+        self._queue.remove_requests(requests)
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def __bool__(self) -> bool:
+        return bool(self._queue)
+
+    def __iter__(self) -> Iterator[Request]:
+        return iter(self._queue)
+
+
+#: The queue types the scheduler holds.
+WaitingQueue = FCFSRequestQueue | PriorityRequestQueue | PolicyRequestQueue
+
+
+def as_waiting_queue(queue: RequestQueue) -> WaitingQueue:
+    """``queue`` as the scheduler holds it: this module's own queues as they are, any other
+    inside a ``PolicyRequestQueue``."""
+    if isinstance(queue, FCFSRequestQueue | PriorityRequestQueue | PolicyRequestQueue):
+        return queue
+    return PolicyRequestQueue(queue)
 
 
 def create_request_queue(policy: str) -> FCFSRequestQueue | PriorityRequestQueue:

@@ -20,6 +20,7 @@ from engine.core.hashing import PrecomputedBlockHasher, TokenBlockHasher
 
 # Re-exported: validation stays interpreted when this module is compiled (see the module).
 from engine.core.sampling_params import SamplingParams as SamplingParams
+from engine.core.slo import SLOClass
 
 if TYPE_CHECKING:
     from engine.core.hashing import BlockHash, BlockHasher
@@ -93,9 +94,11 @@ class Request:
         "prompt_token_ids",
         "req_id",
         "sampling_params",
+        "slo",
         "status",
         "stop_reason",
         "stop_token_ids",
+        "tenant",
     )
 
     def __init__(
@@ -109,6 +112,8 @@ class Request:
         priority: int = 0,
         eos_token_id: int | None = None,
         block_hasher: BlockHasher | None = None,
+        tenant: str = "",
+        slo: SLOClass | None = None,
     ) -> None:
         if prompt_token_ids is None and num_prompt_tokens is None:
             raise ValueError(f"request {req_id!r}: give prompt_token_ids or num_prompt_tokens")
@@ -132,6 +137,8 @@ class Request:
         self.sampling_params = sampling_params
         self.arrival_time = arrival_time
         self.priority = priority
+        self.tenant = tenant  # who sent it ("": unknown); read by policies and reports
+        self.slo = slo  # its SLO class (None: no targets); read by policies
         self.eos_token_id = None if sampling_params.ignore_eos else eos_token_id
         self.stop_token_ids = frozenset(sampling_params.stop_token_ids)
         self.max_tokens = sampling_params.max_tokens

@@ -8,6 +8,11 @@ then, only if nothing was preempted, admits WAITING requests while the budget, `
 and the KV cache allow. See SCHEDULER_SPEC.md §2 for every rule implemented here; golden
 replays of vLLM's own decisions check them step for step.
 
+Five of those decisions are the scheduling policy's (``policy.py``): the waiting order, the
+running order, the victim, admit-now and the prefill chunk limit. vLLM's own policy
+(``VllmPolicy``) is written inline here — the compiled hot path never calls it; any other policy
+(``custom_policy``) is called at those five points, and the rest of the rules stay these.
+
 Out of scope (SCHEDULER_SPEC §2.12): speculative decoding, encoder/multimodal budgets,
 structured output, KV connectors, hybrid models, LoRA, streaming sessions, DP prefill cadence.
 """
@@ -15,7 +20,7 @@ structured output, KV connectors, hybrid models, LoRA, streaming sessions, DP pr
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Final
 
 from engine.core.chunking import admission_chunk, effective_long_prefill_threshold, running_chunk
@@ -27,7 +32,17 @@ from engine.core.outputs import (
     ModelRunnerOutput,
     SchedulerOutput,
 )
-from engine.core.queues import create_request_queue
+from engine.core.policy import (
+    AdmissionView,
+    BulkProperty,
+    PolicyContext,
+    SchedulingPolicy,
+    StreamInfo,
+    Verdict,
+    VllmPolicy,
+    build_policy,
+)
+from engine.core.queues import as_waiting_queue
 from engine.core.request import Request, RequestStatus
 from engine.core.step_output import (
     StepPlan,
@@ -41,12 +56,23 @@ RUNNING: Final = RequestStatus.RUNNING
 WAITING: Final = RequestStatus.WAITING
 PREEMPTED: Final = RequestStatus.PREEMPTED
 FINISHED_LENGTH_CAPPED: Final = RequestStatus.FINISHED_LENGTH_CAPPED
+FINISHED_ABORTED: Final = RequestStatus.FINISHED_ABORTED
+#: Weight of the newest interval in the step-time estimate policies see (``AdmissionView``).
+STEP_TIME_WEIGHT: Final = 0.25
 
 
 class Scheduler:
     """Decides, step by step, which requests compute how many tokens (clock-free)."""
 
-    def __init__(self, config: EngineConfig, first_step_id: int = 0) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        first_step_id: int = 0,
+        policy: SchedulingPolicy | None = None,
+        stream: StreamInfo | None = None,
+    ) -> None:
+        """``policy``: the scheduling policy (default: the one the config names, built with
+        what ``stream`` says of the requests to come)."""
         sc, cc = config.scheduler, config.cache
         self.first_step_id = first_step_id  # step ids start here (disjoint per DP replica)
         self.config = config
@@ -55,7 +81,20 @@ class Scheduler:
         self.token_budget = sc.token_budget
         self.enable_chunked_prefill = sc.enable_chunked_prefill
         self.long_prefill_token_threshold = sc.long_prefill_token_threshold
-        self.priority_policy = sc.policy == "priority"
+        if policy is None:
+            policy = build_policy(PolicyContext(sc, stream or StreamInfo()))
+        self.policy = policy
+        # vLLM's own policy runs on the inline code below; any other through the protocol
+        vllm = isinstance(policy, VllmPolicy) and type(policy) is VllmPolicy
+        self.custom_policy: SchedulingPolicy | None = None if vllm else policy
+        self.priority_policy = isinstance(policy, VllmPolicy) and vllm and policy.priority
+        # a victim may be anywhere in the running list (not only at its back)
+        self.victim_anywhere = not vllm or self.priority_policy
+        # what the bulk path may rely on (engine/core/bulk/find.py; policy.BulkProperty)
+        props = policy.bulk_properties
+        self.bulk_running_order = BulkProperty.RUNNING_ORDER in props
+        self.bulk_admission = BulkProperty.ADMISSION in props
+        self.bulk_chunking = BulkProperty.CHUNKING in props
         self.reserve_full_isl = sc.scheduler_reserve_full_isl
         self.async_scheduling = sc.async_scheduling
         self.block_size = cc.block_size
@@ -67,13 +106,18 @@ class Scheduler:
             watermark_blocks=cc.watermark_blocks,
         )
         self.requests: dict[str, Request] = {}
-        self.waiting = create_request_queue(sc.policy)
+        self.waiting = as_waiting_queue(policy.new_waiting_queue())
         self.running: list[Request] = []
         self.finished_req_ids: set[str] = set()  # since the previous schedule()
         self.preempted_req_ids: set[str] = set()  # during the current schedule()
         self.prev_step_scheduled_req_ids: set[str] = set()
         self.num_steps = 0  # schedule() calls so far
         self.num_preemptions = 0
+        # custom policies only: the clock at this schedule(), and the busy step-time estimate
+        self.now_s = 0.0
+        self.step_time_s = 0.0
+        self.busy_since: tuple[float, int] | None = None  # (clock, num_steps) of a busy step
+        self.rejected: dict[str, str] = {}  # shed during the current schedule()
 
     # -- requests in and out --------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -141,17 +185,24 @@ class Scheduler:
         return ok
 
     # -- schedule -------------------------------------------------------------------------------
-    def schedule(self) -> SchedulerOutput:
-        """Plan one step: running requests first, then admissions; see the module docstring."""
+    def schedule(self, now_s: float = 0.0) -> SchedulerOutput:
+        """Plan one step: running requests first, then admissions; see the module docstring.
+        ``now_s`` is the engine's clock (custom policies may read it; vLLM's does not)."""
         self.num_steps += 1
         plan = StepPlan(self.token_budget)
-        threshold = self._effective_long_prefill_threshold()
+        custom = self.custom_policy
+        if custom is None:
+            threshold = self._effective_long_prefill_threshold()
+        else:
+            threshold = self._begin_custom_step(custom, now_s)
         self._schedule_running(plan, threshold)
         if not plan.preempted:
             self._schedule_waiting(plan, threshold)
         elif self.waiting:
             plan.blocker = AdmissionBlocker.PREEMPTION
         assert len(self.running) <= self.max_num_seqs
+        if custom is not None:  # a step with requests running: busy from here
+            self.busy_since = (now_s, self.num_steps) if self.running else None
         return self._finalize(plan)
 
     def _effective_long_prefill_threshold(self) -> int:
@@ -159,6 +210,45 @@ class Scheduler:
         return effective_long_prefill_threshold(
             self.long_prefill_token_threshold, len(self.running) + len(self.waiting)
         )
+
+    def prefill_chunk_limit(self, num_unfinished_requests: int) -> int:
+        """The policy's prefill chunk limit with ``num_unfinished_requests`` running or
+        waiting (the bulk path predicts chunks with it)."""
+        custom = self.custom_policy
+        if custom is None:
+            return effective_long_prefill_threshold(
+                self.long_prefill_token_threshold, num_unfinished_requests
+            )
+        return custom.prefill_chunk_limit(num_unfinished_requests)
+
+    def _begin_custom_step(self, policy: SchedulingPolicy, now_s: float) -> int:
+        """A custom policy's step: note the clock (and the busy step time), put the running
+        list in the policy's order, and return its prefill chunk limit."""
+        self._note_clock(now_s, self.num_steps, bool(self.running))
+        order = policy.order_running(self.running)
+        if order is not None:
+            running = self.running
+            if len(order) != len(running) or {id(r) for r in order} != {id(r) for r in running}:
+                raise ValueError(
+                    f"scheduling policy {policy.name!r}: order_running must return a "
+                    "permutation of the running requests"
+                )
+            self.running = list(order)
+        return policy.prefill_chunk_limit(len(self.running) + len(self.waiting))
+
+    def _note_clock(self, now_s: float, step: int, running: bool) -> None:
+        """The clock at schedule() call ``step``, and the step-time estimate: the time per
+        step since the last step that left requests running, if one still runs at this call
+        (``running``: the engine was busy throughout, since admissions happen only in
+        schedule()), smoothed."""
+        busy = self.busy_since
+        if busy is not None and running and now_s > busy[0]:
+            interval = (now_s - busy[0]) / (step - busy[1])
+            last = self.step_time_s
+            self.step_time_s = (
+                interval if last == 0.0 else last + STEP_TIME_WEIGHT * (interval - last)
+            )
+        self.now_s = now_s
 
     def _schedule_running(self, plan: StepPlan, threshold: int) -> None:
         """Phase A: give each RUNNING request its next tokens, preempting on KV shortage."""
@@ -193,7 +283,7 @@ class Scheduler:
             new_blocks = kv.allocate_running_slots(request, num_new)
             while new_blocks is None:
                 victim = self._pick_victim()
-                if self.priority_policy:
+                if self.victim_anywhere:
                     victim_index = running.index(victim)
                     del running[victim_index]
                     if victim_index < req_index:
@@ -211,7 +301,7 @@ class Scheduler:
                     break
                 new_blocks = kv.allocate_running_slots(request, num_new)
             if new_blocks is None:
-                if self.priority_policy and request.status == PREEMPTED:
+                if self.victim_anywhere and request.status == PREEMPTED:
                     continue  # it preempted itself; req_index already points at the next one
                 break
             scheduled_running.append(request)
@@ -222,7 +312,17 @@ class Scheduler:
         plan.token_budget = budget
 
     def _pick_victim(self) -> Request:
-        """FCFS: the most recently admitted; PRIORITY: largest (priority, arrival_time)."""
+        """FCFS: the most recently admitted; PRIORITY: largest (priority, arrival_time); a
+        custom policy's choice (one of the running requests)."""
+        custom = self.custom_policy
+        if custom is not None:
+            victim = custom.pick_victim(self.running)
+            if not any(r is victim for r in self.running):
+                raise ValueError(
+                    f"scheduling policy {custom.name!r}: pick_victim must return a running "
+                    f"request, got {victim!r}"
+                )
+            return victim
         if self.priority_policy:
             return max(self.running, key=lambda r: (r.priority, r.arrival_time))
         return self.running[-1]
@@ -234,6 +334,7 @@ class Scheduler:
         skipped: deque[Request] = deque()
         budget = plan.token_budget
         blocker = AdmissionBlocker.NONE
+        custom = self.custom_policy
         while waiting:
             if budget <= 0:
                 blocker = AdmissionBlocker.TOKEN_BUDGET
@@ -246,6 +347,13 @@ class Scheduler:
                 # Async: outputs from before its preemption are still in flight.
                 skipped.appendleft(waiting.pop_request())
                 continue
+            if custom is not None:
+                verdict = self._ask_admission(custom, request, budget)
+                if verdict == Verdict.WAIT:
+                    blocker = AdmissionBlocker.POLICY
+                    break
+                if verdict == Verdict.REJECT:
+                    continue
             hit_blocks, num_hit_tokens = kv.get_computed_blocks(request)
             num_new = admission_chunk(
                 request.num_tokens - num_hit_tokens, threshold, budget, self.enable_chunked_prefill
@@ -281,6 +389,25 @@ class Scheduler:
         plan.token_budget = budget
         plan.blocker = blocker
 
+    def _ask_admission(self, policy: SchedulingPolicy, request: Request, budget: int) -> Verdict:
+        """A custom policy's admit-now for the head of the queue; a rejected request leaves
+        the queue finished (aborted) and its reason is kept for the step's output."""
+        view = AdmissionView(
+            now_s=self.now_s,
+            step_time_s=self.step_time_s,
+            token_budget=budget,
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            num_free_blocks=self.kv_cache_manager.get_num_free_blocks(),
+        )
+        decision = policy.admit(request, view)
+        if decision.verdict == Verdict.REJECT:
+            self.waiting.pop_request()
+            request.status = FINISHED_ABORTED
+            self._free_request(request)
+            self.rejected[request.req_id] = decision.reason or f"rejected by {policy.name}"
+        return decision.verdict
+
     def _preempt_request(self, request: Request, drop_stale_output: bool = False) -> None:
         """Free the request's KV and put it back at the front of the waiting queue."""
         self.kv_cache_manager.free_preempted(request)
@@ -309,7 +436,9 @@ class Scheduler:
         running requests (a bulk run's first schedule(), whose running requests the bulk path
         applies itself); returns its plan."""
         plan = StepPlan(token_budget)
-        self._schedule_waiting(plan, self._effective_long_prefill_threshold())
+        self._schedule_waiting(
+            plan, self.prefill_chunk_limit(len(self.running) + len(self.waiting))
+        )
         return plan
 
     def finish_length_capped(self, request: Request) -> None:
@@ -336,6 +465,18 @@ class Scheduler:
         self.finished_req_ids = finished_req_ids
         self.prev_step_scheduled_req_ids = scheduled_req_ids
 
+    def note_bulk_schedules(self, schedule_times_s: Sequence[float]) -> None:
+        """A bulk run's schedule() calls happened at ``schedule_times_s`` (after
+        ``end_bulk_run``): a custom policy's clock and step time follow them one by one, as
+        they would have step by step (every call of a run finds and leaves requests
+        running)."""
+        if self.custom_policy is None or not schedule_times_s:
+            return
+        first_step = self.num_steps - len(schedule_times_s) + 1
+        for k, now_s in enumerate(schedule_times_s):
+            self._note_clock(now_s, first_step + k, True)
+            self.busy_since = (now_s, first_step + k)
+
     # -- the output of schedule() ---------------------------------------------------------------
     def _finalize(self, plan: StepPlan) -> SchedulerOutput:
         """Build the SchedulerOutput, then advance ``num_computed_tokens`` (before execution)."""
@@ -358,6 +499,9 @@ class Scheduler:
             batch_shape=shape,
             admission_blocker=plan.blocker,
         )
+        if self.rejected:
+            out.rejected = self.rejected
+            self.rejected = {}
         self.finished_req_ids = set()
         self.preempted_req_ids = set()
         return out

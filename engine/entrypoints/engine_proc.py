@@ -45,6 +45,7 @@ from engine.core.errors import UserError
 from engine.core.events import EventLog
 from engine.core.interfaces import Executor
 from engine.core.outputs import EngineCoreOutput
+from engine.core.policy import StreamInfo, policy_summary
 from engine.core.process_name import set_process_name
 from engine.core.request import Request, SamplingParams
 from engine.entrypoints.clock import run_clock
@@ -70,6 +71,10 @@ logger = logging.getLogger("twinserve.engine")
 
 #: Events kept in memory before an idle engine that records nothing starts a fresh log.
 MAX_UNRECORDED_EVENTS = 1_000_000
+
+#: What a served engine's scheduling policy knows of its requests: nothing in advance, and
+#: they carry no SLO class (a policy that needs one is refused).
+SERVED_STREAM = StreamInfo(has_slos=False)
 
 
 class ServedEngine(Protocol):
@@ -133,7 +138,7 @@ class EngineCoreProc:
         self.cfg = cfg
         self.engine = engine
         self.clock = clock
-        self.core = EngineCore(engine.engine_config)
+        self.core = EngineCore(engine.engine_config, stream=SERVED_STREAM)
         self.loop = EngineLoop(self.core, engine.executor, clock)
         self.tracker = EngineStatsTracker(self.core.event_log)
         self.info = EngineInfo(
@@ -194,6 +199,10 @@ class EngineCoreProc:
             num_gpu_blocks=self.info.num_gpu_blocks,
             device=self.info.device,
             received_s=dict(self._received_s),
+            scheduling_policy=policy_summary(
+                self.core.scheduler.policy, self.engine.engine_config.scheduler,
+                "n/a (a served engine runs every step)",
+            ),
         )
         write_pickle(Path(self.cfg.record_path), record)
 

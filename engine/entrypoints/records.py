@@ -43,6 +43,8 @@ class EngineRecord:
     device: str
     #: req_id -> when the engine's input thread received it (before the busy loop took it)
     received_s: dict[str, float] = field(default_factory=dict)
+    #: the engine's scheduling policy (engine.core.policy.policy_summary)
+    scheduling_policy: dict[str, object] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

@@ -17,20 +17,32 @@ workload output length (``ignore_eos``), as in the simulator.
 
 Every stage writes the same event records as the simulated world, on the same time base (0 =
 start of the run), so the report and a simulated-vs-measured comparison are joins on one record
-type. There is no separate front-end process and prompts are token ids already, so the front
-end costs nothing here (FRONTEND_START = TOKENIZED = the send time); a request sent while the
-loop is busy waits for the next engine iteration, which the report shows as IPC/engine-loop
-wait (TOKENIZED → ENGINE_ENQUEUED).
+type — request labels (tenant, SLO class) and the scheduling policy's rejections included: the
+core's policy is built from the same ``StreamInfo`` a simulation gives it. There is no separate
+front-end process and prompts are token ids already, so the front end costs nothing here
+(FRONTEND_START = TOKENIZED = the send time); a request sent while the loop is busy waits for
+the next engine iteration, which the report shows as IPC/engine-loop wait (TOKENIZED →
+ENGINE_ENQUEUED).
+
+Time comes from a ``RunClock`` (the wall clock by default); a test may give a clock of its own,
+advanced by a scripted executor, to make a real run's decisions reproducible.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Protocol
 
-from engine.core.engine_core import EngineCore
 from engine.core.events import EventKind, EventLog
+from engine.core.policy import (
+    PolicyError,
+    RequestLengths,
+    StreamInfo,
+    held_message,
+    policy_summary,
+)
 from engine.core.request import SamplingParams
 from engine.llm import RealEngine
 from engine.serve.engine_loop import EngineLoop
@@ -45,12 +57,40 @@ def warm_up(engine: RealEngine) -> None:
     n = min(32, engine.engine_config.scheduler.max_model_len - 4)
     params = SamplingParams(max_tokens=2, ignore_eos=True, temperature=0.0)
     request = engine.make_request("warm-up", [FIRST_PLAIN_TOKEN] * n, params, arrival_time=0.0)
-    throwaway = EngineCore(engine.engine_config)  # never the core whose log is reported
+    throwaway = engine.new_core()  # never the core whose log is reported
     throwaway.add_request(request, 0.0)
     loop = EngineLoop(throwaway, engine.executor, lambda: 0.0)
     while loop.has_work():
         loop.step()
-    engine.core = EngineCore(engine.engine_config)
+    engine.core = engine.new_core()
+
+
+def stream_info(workload: Workload, seed: int) -> StreamInfo:
+    """What a run of ``workload`` tells its scheduling policy in advance (as the simulator
+    does): the seed, the requests' lengths, whether they carry SLO classes."""
+    return StreamInfo(
+        seed=seed,
+        lengths=RequestLengths(workload.prompt_lens, workload.output_lens),
+        has_slos=workload.has_slos,
+    )
+
+
+class RunClock(Protocol):
+    """Where a real run's time comes from."""
+
+    def now(self) -> float: ...  # seconds, monotonic
+
+    def sleep(self, seconds: float) -> None: ...
+
+
+class WallClock:
+    """The wall clock: ``time.perf_counter`` and ``time.sleep``."""
+
+    def now(self) -> float:
+        return time.perf_counter()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
 
 
 @dataclass(slots=True)
@@ -59,8 +99,9 @@ class RealRunResult:
 
     event_log: EventLog
     wall_time_s: float  # the run's span on its clock (0 = first send) until the last delivery
-    num_rejected: int  # requests refused by the admission rule
+    num_rejected: int  # requests refused by the admission rule or shed by the policy
     reject_reasons: dict[str, str]  # req_id -> why it was refused
+    scheduling_policy: dict[str, object] = field(default_factory=dict)  # policy_summary
 
 
 def run_real(
@@ -69,16 +110,19 @@ def run_real(
     *,
     seed: int = 0,
     progress: Callable[[int, int, float], None] | None = None,
+    run_clock: RunClock | None = None,
 ) -> RealRunResult:
-    """Serve ``workload`` with ``engine`` in wall-clock time."""
+    """Serve ``workload`` with ``engine`` in wall-clock time (or on ``run_clock``). The
+    engine's policy should know the stream (``engine.stream``: ``stream_info``)."""
     warm_up(engine)
     core, log = engine.core, engine.core.event_log
     prompts = synthetic_prompts(workload, engine.model_config.vocab_size, seed)
     max_model_len = engine.engine_config.scheduler.max_model_len
-    t0 = time.perf_counter()
+    source = run_clock if run_clock is not None else WallClock()
+    t0 = source.now()
 
     def clock() -> float:
-        return time.perf_counter() - t0
+        return source.now() - t0
 
     loop = EngineLoop(core, engine.executor, clock)
     processor = OutputProcessor(engine.tokenizer)
@@ -100,6 +144,9 @@ def run_real(
                 send_s = max(send_s, now)  # it waited for a slot: vllm bench times from here
             prompt, out_len = prompts[i], int(workload.output_lens[i])
             log.record(req_id, EventKind.ARRIVAL, send_s, len(prompt))
+            slo = workload.slo_class(i)
+            if workload.has_labels:
+                log.record_labels(req_id, workload.tenant(i), "" if slo is None else slo.name)
             log.record(req_id, EventKind.FRONTEND_START, send_s)
             log.record(req_id, EventKind.TOKENIZED, send_s)
             reason = reject_reason(len(prompt), out_len, max_model_len)
@@ -114,15 +161,20 @@ def run_real(
                     max_tokens=out_len, ignore_eos=True, temperature=0.0
                 )
             request = engine.make_request(req_id, prompt, params, arrival_time=send_s,
-                                          priority=int(workload.priorities[i]))
+                                          priority=int(workload.priorities[i]),
+                                          tenant=workload.tenant(i), slo=slo)
             processor.add_request(req_id, None, prompt, params)
             core.add_request(request, clock())
             outstanding += 1
         if not loop.has_work():
+            if core.held_by_policy and not (
+                next_i < n and (limit is None or outstanding < limit)
+            ):
+                raise PolicyError(held_message(core))  # nothing more can arrive
             if next_i < n:
                 wait = float(workload.send_time_s[next_i]) - clock()
                 if wait > 0:
-                    time.sleep(wait)
+                    source.sleep(wait)
             continue
         outputs = loop.step()
         if not outputs:
@@ -132,11 +184,17 @@ def run_real(
         if loop.applied_step_id is not None:
             log.record_delivery(loop.applied_step_id, delivered_s)
         for out in processed.finished:
-            log.record(out.req_id, EventKind.DELIVERED, delivered_s)
+            if out.req_id not in core.rejected_reasons:  # (a shed one was REJECTED)
+                log.record(out.req_id, EventKind.DELIVERED, delivered_s)
             outstanding -= 1
             done += 1
             if progress is not None and done % 16 == 0:
                 progress(done, n, delivered_s)
         if processed.reqs_to_abort:
             core.abort_requests(processed.reqs_to_abort, clock())
-    return RealRunResult(log, clock(), len(rejects), rejects)
+    rejects.update(core.rejected_reasons)
+    policy = policy_summary(
+        core.scheduler.policy, engine.engine_config.scheduler,
+        "n/a (a real engine runs every step)",
+    )
+    return RealRunResult(log, clock(), len(rejects), rejects, policy)

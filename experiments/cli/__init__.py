@@ -72,8 +72,18 @@ def _one_blas_thread(argv: Sequence[str]) -> None:
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
+def _importable_cwd() -> None:
+    """Modules in the current directory can be imported, as with ``python -m``: a user's
+    ``--scheduling-policy mymodule:MyPolicy`` next to where they run ``twinserve``. Appended,
+    so it never shadows an installed module; processes the commands start inherit it."""
+    cwd = os.getcwd()
+    if "" not in sys.path and cwd not in sys.path:
+        sys.path.append(cwd)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     _one_blas_thread(sys.argv[1:] if argv is None else argv)
+    _importable_cwd()
     parser = build_parser()
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func

@@ -21,7 +21,7 @@ from experiments.simconfig import workload_dict_from_args
 def _run_real(args: argparse.Namespace) -> int:
     import time
 
-    from engine.serve.real_run import run_real
+    from engine.serve.real_run import run_real, stream_info
     from experiments.cli.reporting import FinishedRun, prepare_out_dir, report_options, write_run
     from experiments.run_meta import measured_run_meta
     from workload.build import build_workload
@@ -35,7 +35,7 @@ def _run_real(args: argparse.Namespace) -> int:
     workload = build_workload(workload_cfg)
     options = report_options(args)  # parsed now: a bad flag fails before the run
     out_dir = prepare_out_dir(Path(args.out) if args.out else default_out_dir("real"))
-    engine = engine_args_from_flags(args).build()
+    engine = engine_args_from_flags(args).build(stream=stream_info(workload, workload_cfg.seed))
     t0 = time.perf_counter()
     try:
         result = run_real(engine, workload, seed=workload_cfg.seed)

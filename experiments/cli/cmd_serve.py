@@ -20,7 +20,12 @@ from typing import Any
 from engine.core.errors import UserError
 from engine.core.events import EventKind
 from experiments.cli.cmd_topology import add_layout_flags
-from experiments.cli.flags import add_run_dir_flags, byte_size
+from experiments.cli.flags import (
+    add_policy_flags,
+    add_run_dir_flags,
+    byte_size,
+    policy_options_from_flags,
+)
 
 #: The text whose tokens an emulated device cycles through as its outputs.
 EMULATED_OUTPUT_TEXT = (
@@ -60,6 +65,7 @@ def _sim_config(args: argparse.Namespace) -> Any:
         "long_prefill_token_threshold": args.long_prefill_token_threshold,
         "policy": args.scheduling_policy, "async_scheduling": args.async_scheduling,
         "block_size": args.block_size, "enable_prefix_caching": args.enable_prefix_caching,
+        "policy_options": policy_options_from_flags(args.policy_option),
     }
     top = {
         "model": args.model, "gpu": args.gpu, "tensor_parallel_size": args.tensor_parallel_size,
@@ -90,6 +96,16 @@ def _fixed_step_s(cost_model: str | None) -> float | None:
     return value
 
 
+def _check_policy(scheduler: Any) -> None:
+    """Build the scheduling policy once here, as the EngineCore process will, so a bad name,
+    class or option — or a policy that needs SLOs, which served requests do not carry — is
+    one error line before any process starts."""
+    from engine.core.policy import PolicyContext, build_policy
+    from engine.entrypoints.engine_proc import SERVED_STREAM
+
+    build_policy(PolicyContext(scheduler, SERVED_STREAM))
+
+
 def _engine_args(args: argparse.Namespace) -> Any:
     from engine.llm import EngineArgs
 
@@ -103,6 +119,7 @@ def _engine_args(args: argparse.Namespace) -> Any:
         "async_scheduling": args.async_scheduling,
         "long_prefill_token_threshold": args.long_prefill_token_threshold,
         "policy": args.scheduling_policy, "num_gpu_blocks": args.num_gpu_blocks_override,
+        "policy_options": policy_options_from_flags(args.policy_option),
         "kv_cache_memory": args.kv_cache_memory,
         "gpu_memory_utilization": args.gpu_memory_utilization,
         "load_format": args.load_format, "attention_backend": args.attention_backend,
@@ -215,6 +232,7 @@ def _serve(args: argparse.Namespace) -> int:
             factory: Any = EmulatedEngineFactory(sim_config, cycle,
                                                  _fixed_step_s(args.cost_model))
             engine_config = factory.engine_config()
+            _check_policy(engine_config.scheduler)
             engine_meta: dict[str, Any] = {"sim_config": sim_config.to_dict()}
         else:
             from engine.serve.frontend import Tokenizer
@@ -222,7 +240,8 @@ def _serve(args: argparse.Namespace) -> int:
 
             engine_args = _engine_args(args)
             model_config = load_model_config(args.model)
-            engine_args.scheduler_config(model_config)  # validates early
+            # validates early
+            _check_policy(engine_args.scheduler_config(model_config))
             engine_args.parallel_config.check_model(
                 model_config.num_attention_heads, model_config.num_key_value_heads,
                 model_config.num_hidden_layers, args.model)
@@ -343,7 +362,7 @@ def register(sub: Any) -> None:
     g.add_argument("--enable-chunked-prefill", action=bool_flag, default=None)
     g.add_argument("--async-scheduling", action=bool_flag, default=None)
     g.add_argument("--long-prefill-token-threshold", type=int)
-    g.add_argument("--scheduling-policy", choices=["fcfs", "priority"])
+    add_policy_flags(g)
     g.add_argument("--seed", type=int, help="engine-wide sampling seed")
     g = p.add_argument_group("real model")
     g.add_argument("--dtype", help="auto (config.json), float32, float16, bfloat16")

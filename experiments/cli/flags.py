@@ -58,7 +58,7 @@ def add_sim_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-seqs", type=int)
     g.add_argument("--enable-chunked-prefill", action=bool_flag, default=None)
     g.add_argument("--long-prefill-token-threshold", type=int)
-    g.add_argument("--scheduling-policy", choices=["fcfs", "priority"])
+    add_policy_flags(g)
     g.add_argument("--scheduler-reserve-full-isl", action=bool_flag, default=None)
     g.add_argument("--async-scheduling", action=bool_flag, default=None)
     g.add_argument("--block-size", type=int)
@@ -73,6 +73,56 @@ def add_sim_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--fast-path", action=bool_flag, default=None,
                    help="bulk-apply identical decode steps (exact; default on)")
     add_workload_flags(p)
+
+
+#: ``--scheduling-policy``'s help (every command that runs an engine has the flag).
+POLICY_HELP = (
+    "fcfs (default), priority, sjf, srpt, edf, vtc, decode-first, prefill-first, shed, or "
+    "package.module:ClassName (a policy class of your own; engine/core/policy.py)"
+)
+
+
+def add_policy_flags(g: argparse._ArgumentGroup) -> None:
+    """``--scheduling-policy NAME`` and ``--policy-option KEY=VALUE ...`` (default None)."""
+    g.add_argument("--scheduling-policy", metavar="NAME", help=POLICY_HELP)
+    g.add_argument("--policy-option", nargs="+", action="extend", type=policy_option,
+                   metavar="KEY=VALUE",
+                   help="an option of the scheduling policy, e.g. predictor=bucket chunk=256 "
+                   "(numbers and true/false are typed; engine/policies/)")
+
+
+def policy_option(text: str) -> tuple[str, str | int | float | bool]:
+    """``KEY=VALUE`` → (key, value): integers, numbers and true/false typed, else a string."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    raw = raw.strip()
+    value: str | int | float | bool = raw
+    if raw.lower() in ("true", "false"):
+        value = raw.lower() == "true"
+    else:
+        for convert in (int, float):
+            try:
+                value = convert(raw)
+                break
+            except ValueError:
+                continue
+    return key.strip(), value
+
+
+def policy_options_from_flags(
+    given: list[tuple[str, str | int | float | bool]] | None,
+) -> dict[str, str | int | float | bool] | None:
+    """``--policy-option`` values as a dict (None: not given); a key given twice is an error."""
+    if given is None:
+        return None
+    keys = [k for k, _ in given]
+    twice = sorted({k for k in keys if keys.count(k) > 1})
+    if twice:
+        from engine.core.errors import UserError
+
+        raise UserError(f"--policy-option gives {', '.join(twice)} more than once")
+    return dict(given)
 
 
 def add_workload_flags(p: argparse.ArgumentParser) -> None:
@@ -108,6 +158,42 @@ def add_workload_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ramp-up-start-rps", type=float)
     g.add_argument("--ramp-up-end-rps", type=float)
     g.add_argument("--seed", type=int)
+    g = p.add_argument_group("tenants and SLO classes (default: none)")
+    g.add_argument("--slo-classes", nargs="+", type=slo_class_def, metavar="NAME:TTFT_MS:TPOT_MS",
+                   help="SLO classes requests may carry, e.g. chat:500:50 batch:10000:200 (one "
+                   "class alone applies to every request)")
+    g.add_argument("--slo-class-mix", nargs="+", type=mix_entry, metavar="NAME:FRACTION",
+                   help="the share of requests in each SLO class, e.g. chat:0.3 batch:0.7 "
+                   "(default: a trace's slo_class column)")
+    g.add_argument("--tenant-mix", nargs="+", type=mix_entry, metavar="NAME:FRACTION",
+                   help="the share of requests each tenant sends, e.g. a:0.5 b:0.5 (default: a "
+                   "trace's tenant column)")
+
+
+def slo_class_def(text: str) -> tuple[str, float, float]:
+    """``NAME:TTFT_MS:TPOT_MS`` → (name, ttft_ms, tpot_ms)."""
+    parts = text.split(":")
+    try:
+        if len(parts) != 3 or not parts[0]:
+            raise ValueError
+        return parts[0], float(parts[1]), float(parts[2])
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected NAME:TTFT_MS:TPOT_MS (e.g. chat:500:50), got {text!r}"
+        ) from None
+
+
+def mix_entry(text: str) -> tuple[str, float]:
+    """``NAME:FRACTION`` → (name, fraction)."""
+    name, sep, raw = text.rpartition(":")
+    try:
+        if not sep or not name:
+            raise ValueError
+        return name, float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected NAME:FRACTION (e.g. chat:0.3), got {text!r}"
+        ) from None
 
 
 def byte_size(text: str) -> int:
@@ -154,6 +240,7 @@ def add_engine_flags(p: argparse.ArgumentParser, parallel: bool = False) -> None
     g.add_argument("--attention-backend", choices=["triton", "reference"])
     g.add_argument("--load-format", choices=["safetensors", "dummy"], default="safetensors")
     g.add_argument("--engine-seed", type=int, default=0, help="seed of unseeded sampling")
+    add_policy_flags(g)
 
 
 def engine_args_from_flags(args: argparse.Namespace) -> EngineArgs:
@@ -168,6 +255,8 @@ def engine_args_from_flags(args: argparse.Namespace) -> EngineArgs:
         async_scheduling=args.async_scheduling,
         block_size=args.block_size,
         enable_prefix_caching=not args.no_prefix_caching,
+        policy=args.scheduling_policy or REAL_ENGINE_KNOBS.policy,
+        policy_options=policy_options_from_flags(args.policy_option) or {},
     )
     layout = {k: v for k in ("tensor_parallel_size", "pipeline_parallel_size",
                              "distributed_executor_backend")

@@ -120,12 +120,17 @@ def resolve_key(key: str) -> str:
     )
 
 
+#: Fields whose value is itself a table (kept whole, not flattened into keys).
+TABLE_FIELDS: frozenset[str] = frozenset({"policy_options", "policy_option"})
+
+
 def flatten_table(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"workload": {"request_rate": [1]}}`` → ``{"workload.request_rate": [1]}``."""
+    """``{"workload": {"request_rate": [1]}}`` → ``{"workload.request_rate": [1]}`` (a
+    table-valued field, ``engine.policy_options``, stays one value)."""
     out: dict[str, Any] = {}
     for key, value in table.items():
         name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
+        if isinstance(value, Mapping) and name.rpartition(".")[2] not in TABLE_FIELDS:
             out.update(flatten_table(value, prefix=f"{name}."))
         else:
             out[name] = value

@@ -12,6 +12,10 @@ round-trip through JSON:
 * ``slo_attainment_<slo>`` and ``slo_attainment_all``, ``engine_<stat>`` (prefix-cache hit
   rate, preemptions, KV usage …), ``diagnosis_verdict``;
 * per request class when the workload has several priorities: ``prio<P>_<metric>``;
+* per tenant and per SLO class when requests carry them: ``tenant_<name>_<figure>``,
+  ``class_<name>_<figure>`` (``reports.classes``: requests, rejected, latency, attainment);
+* ``policy_class`` (the scheduling policy's ``module:Class``) and ``bulk_fast_path`` (what the
+  fast path did with it: ``on``, ``limited: …`` or ``off: …``, as in a run's metadata);
 * ``num_gpus`` (= TP × DP), ``sim_num_steps``, ``sim_simulated_time_s``, ``wall_time_s``,
   ``version``, ``git_commit``.
 """
@@ -34,6 +38,7 @@ _SKIPPED_SUMMARY_KEYS: frozenset[str] = frozenset({
     "date", "endpoint_type", "backend", "label", "model_id", "tokenizer_id", "num_prompts",
     "burstiness", "max_concurrency", "rtfx", "goodput_slos_ms", "slo_attainment", "breakdown",
     "engine", "diagnosis", "kind", "config", "seed", "version", "git_commit", "report_options",
+    "by_tenant", "by_slo_class",
 })
 
 
@@ -85,6 +90,9 @@ def summary_metrics(summary: Mapping[str, Any]) -> dict[str, Any]:
             out[f"engine_{name}"] = _scalar(value)
     diagnosis = summary.get("diagnosis") or {}
     out["diagnosis_verdict"] = diagnosis.get("verdict")
+    from reports.classes import flat_group_metrics  # (pandas: not at import time)
+
+    out.update(flat_group_metrics(summary))
     return out
 
 
@@ -158,6 +166,8 @@ def simulate_record(
     record["num_gpus"] = cfg.tensor_parallel_size * cfg.data_parallel_size
     record.update(summary_metrics(summary))
     record.update(class_metrics(tables, result.workload.priorities, goodput))
+    record["policy_class"] = result.scheduling_policy.get("class")
+    record["bulk_fast_path"] = result.scheduling_policy.get("bulk_fast_path")
     record["sim_num_steps"] = result.stats.num_steps
     record["sim_simulated_time_s"] = result.stats.simulated_time_s
     record["version"] = meta.provenance.version

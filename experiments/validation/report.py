@@ -141,7 +141,7 @@ def _median(values: Any) -> float:
 SEGMENT_GROUPS: dict[str, tuple[str, ...]] = {
     "front end + engine pickup": ("client_to_frontend", "frontend_cpu", "ipc_in"),
     "scheduler wait": ("wait_token_budget", "wait_max_num_seqs", "wait_kv_cache",
-                       "wait_preemption", "wait_next_step"),
+                       "wait_preemption", "wait_policy", "wait_next_step"),
     "prefill steps": ("prefill",),
     "decode steps": ("decode",),
     "output (first token)": ("output_first",),

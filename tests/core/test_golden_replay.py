@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.core.policy import PolicyContext, VllmPolicy
 from experiments.replay import load_workload, replay
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "scheduler"
@@ -49,6 +50,24 @@ def test_pipeline_traces_keep_one_batch_per_stage() -> None:
 def test_replay_matches_vllm(path: Path) -> None:
     expected = [json.loads(line) for line in path.with_suffix(".jsonl").read_text().splitlines()]
     got = list(replay(load_workload(path)))
+    assert len(got) == len(expected), f"{len(got)} steps, vLLM took {len(expected)}"
+    for mine, theirs in zip(got, expected, strict=True):
+        assert _normalise(mine) == _normalise(theirs), f"first difference at step {theirs['step']}"
+
+
+class ThroughTheProtocol(VllmPolicy):
+    """vLLM's policy, overriding nothing: the scheduler calls it through the protocol (the
+    path of every custom policy) instead of running its inline decisions."""
+
+
+@pytest.mark.parametrize("path", WORKLOADS, ids=[p.stem for p in WORKLOADS])
+def test_replay_through_the_policy_protocol_matches_vllm(path: Path) -> None:
+    """The seam itself is exact: vLLM's decisions made by calling the policy at each of the
+    five decision points give every recorded step too."""
+    expected = [json.loads(line) for line in path.with_suffix(".jsonl").read_text().splitlines()]
+    workload = load_workload(path)
+    policy = ThroughTheProtocol(PolicyContext(workload.engine_config.scheduler))
+    got = list(replay(workload, policy))
     assert len(got) == len(expected), f"{len(got)} steps, vLLM took {len(expected)}"
     for mine, theirs in zip(got, expected, strict=True):
         assert _normalise(mine) == _normalise(theirs), f"first difference at step {theirs['step']}"

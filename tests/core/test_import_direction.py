@@ -4,11 +4,14 @@
   numpy. It never reads a clock (``time.time``/``monotonic``/``perf_counter``…,
   ``datetime.now``…) and never draws unseeded randomness (the ``random`` module,
   ``numpy.random`` outside a seeded ``default_rng(seed)``, ``os.urandom``, ``uuid4``, ``secrets``).
-* ``workload`` (the request streams both worlds serve) imports only ``workload`` and two leaf
-  modules of the core (``engine.core.config``'s field checks, ``engine.core.errors``); besides
-  the standard library only numpy, and ``tokenizers`` (a leaf library: ShareGPT files are
-  counted in tokens, imported only when one is read). Both worlds import it: ``sim`` and the
-  real-run driver.
+* ``workload`` (the request streams both worlds serve) imports only ``workload`` and three leaf
+  modules of the core (``engine.core.config``'s field checks, ``engine.core.errors``, the SLO
+  classes of ``engine.core.slo``); besides the standard library only numpy, and ``tokenizers``
+  (a leaf library: ShareGPT files are counted in tokens, imported only when one is read). Both
+  worlds import it: ``sim`` and the real-run driver.
+* ``engine/policies`` (the shipped scheduling policies, both worlds run them) imports only
+  ``engine.core`` and ``workload`` of ours (a predictor may fit on a trace file); besides the
+  standard library only numpy.
 * ``sim`` imports only ``engine.core`` and ``workload`` of ours (and ``engine.compiled``, the
   compiled-build guard its package runs first); never torch/triton, engine.worker,
   engine.serve or kernels.
@@ -56,8 +59,11 @@ class Rule:
 RULES: dict[str, Rule] = {
     "engine/core": Rule(ours=("engine.core",), third_party=("numpy",), clock_free=True),
     "workload": Rule(
-        ours=("workload", "engine.core.config", "engine.core.errors"),
+        ours=("workload", "engine.core.config", "engine.core.errors", "engine.core.slo"),
         third_party=("numpy", "tokenizers"),
+    ),
+    "engine/policies": Rule(
+        ours=("engine.policies", "engine.core", "workload"), third_party=("numpy",)
     ),
     "sim": Rule(
         ours=("sim", "engine.core", "engine.compiled", "workload"), third_party=None,

@@ -39,4 +39,12 @@ update of ``j``; async: it arrives at the update of ``j + 1``).
 request (budget left and a free seat), one that would schedule nothing, nor one whose KV blocks
 might not fit (allocations are bounded by the free blocks at the start: frees during the run
 are not counted, so no preemption can occur).
+
+**Scheduling policies.** All of this is vLLM's policy (``engine/core/policy.py``): running
+requests get budget in admission order, the head of the waiting queue is admitted whenever it
+fits, prefills are chunked by the long-prefill threshold rule. The waiting order and the victim
+never matter here (the head is whatever the queue peeks; no run preempts). A policy declares
+which of the three it keeps (``BulkProperty``) and ``find_bulk_run`` finds runs only where the
+others cannot matter: none without the running order, none with a prefiller without the
+chunking, none planning an admission without both the admission and the chunking.
 """

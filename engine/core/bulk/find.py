@@ -3,7 +3,9 @@
 ``find_bulk_run`` reads the scheduler (never writes it) and the batch in flight, checks every
 running request is in a steady state, fills in the decode intervals of a ``BulkRun``, plans an
 admission the run's first schedule() would make, and bounds the run by what might not fit in
-the KV cache. Anything else is left to the step-by-step path: finding no run is always safe.
+the KV cache. Anything else is left to the step-by-step path: finding no run is always safe —
+including every state where the scheduling policy's decisions might differ from vLLM's ones
+the run would predict (the properties it does not declare: ``bulk/__init__.py``).
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ def find_bulk_run(
     request.
     """
     running = sched.running
-    if not running or sched.preempted_req_ids:
-        return None
+    if not running or sched.preempted_req_ids or not sched.bulk_running_order:
+        return None  # (the running order decides which blocks each request gets)
     is_async = sched.async_scheduling
     if (pending is not None) != is_async:
         raise ValueError("a bulk run needs one batch in flight under async scheduling, else none")
@@ -58,6 +60,8 @@ def find_bulk_run(
         return None
     last = running[-1]
     prefilling = _is_prefiller(last, pending_partial, is_async)
+    if prefilling and not sched.bulk_chunking:
+        return None  # the policy chunks prefills its own way
     num_waiting = len(sched.waiting)
     admits = False  # the run's first schedule() admits the head of the waiting queue
     head_hits: tuple[Sequence[int], int] = ((), 0)  # its prefix hits (blocks, tokens)
@@ -65,6 +69,8 @@ def find_bulk_run(
         # does the next schedule() leave budget to try an admission?
         if not prefilling:
             if num_reqs < budget:
+                if not (sched.bulk_admission and sched.bulk_chunking):
+                    return None  # the policy decides admissions (or first chunks) its own way
                 hits = _admission_hits(sched, num_reqs)
                 if hits is None:
                     return None  # the plan would refuse it: no need to set the run up
