@@ -44,6 +44,22 @@ def workload_summary(workload: Workload) -> WorkloadSummary:
     )
 
 
+def step_costs_label(cfg: Any) -> str:
+    """What priced the run's steps, for the report: a GPU without measured kernel tables is
+    an estimate (efficiencies carried over), and says so."""
+    name = cfg.resolved_cost_model
+    if name.startswith("fitted:"):
+        return f"fitted cost model {name.split(':', 1)[1]}"
+    if cfg.uses_catalog_labels_only:
+        return f"{name} cost model"
+    gpu = cfg.gpu_spec
+    if name == "vllm":
+        return f"vLLM step model, {gpu.calibration}"
+    if gpu.kernel_tables is None:
+        return gpu.calibration  # "estimate: roofline, efficiencies carried over from …"
+    return f"roofline, efficiencies {gpu.efficiency_source}"
+
+
 def simulated_run_meta(result: SimResult) -> RunMeta:
     """A simulated run: its full config (everything needed to rerun it) and counters."""
     cfg, stats = result.config, result.stats
@@ -70,6 +86,7 @@ def simulated_run_meta(result: SimResult) -> RunMeta:
             num_bulk_runs=stats.num_bulk_runs,
         ),
         reject_reasons=result.reject_reasons,
+        notes={"step_costs": step_costs_label(cfg)},
         provenance=provenance(),
         scheduling_policy=result.scheduling_policy,
     )

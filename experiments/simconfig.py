@@ -27,6 +27,8 @@ FLAG_FIELDS: dict[str, tuple[str | None, str]] = {
     "gpu": (None, "gpu"),
     "tensor_parallel_size": (None, "tensor_parallel_size"),
     "data_parallel_size": (None, "data_parallel_size"),
+    "enable_expert_parallel": (None, "enable_expert_parallel"),
+    "all2all_backend": (None, "all2all_backend"),
     "pipeline_parallel_size": (None, "pipeline_parallel_size"),
     "gpus_per_node": (None, "gpus_per_node"),
     "network": (None, "network"),

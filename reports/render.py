@@ -135,7 +135,8 @@ def report_blocks(
         Block("h1", f"twinserve report: {title} ({summary.get('kind')})"),
         Block("p", f"Date {summary.get('date')} · backend {summary.get('backend')} · seed "
                    f"{summary.get('seed')} · version {summary.get('version')} · commit "
-                   f"{summary.get('git_commit')}" + (f" · workload: {source}" if source else "")),
+                   f"{summary.get('git_commit')}" + (f" · workload: {source}" if source else "")
+                   + (f" · step costs: {meta['step_costs']}" if meta.get("step_costs") else "")),
         *_policy_blocks(meta),
         Block("h2", f"Diagnosis: {diag['verdict']}"),
         Block("p", diag["text"]),

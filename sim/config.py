@@ -27,7 +27,8 @@ from sim.cost.cuda_graphs import CudaGraphConfig
 from sim.cost.host import HostCosts
 from sim.cost.roofline import RooflineParams
 from sim.hardware import GPUSpec, get_gpu
-from sim.models import ModelSpec, get_model
+from sim.model_catalog import get_model
+from sim.models import ModelSpec
 from workload.config import WorkloadConfig
 
 #: Upper bound of any one front-end cost or latency (one day): larger values are typos, and
@@ -44,6 +45,10 @@ COST_MODELS = ("auto", "vllm", "roofline")
 DTYPES = ("auto", "bfloat16", "float16", "half")
 QUANTIZATIONS: tuple[str | None, ...] = (None, "fp8", "fp8_per_tensor")
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2")
+#: vLLM's --all2all-backend values the simulator prices for expert parallelism: its default
+#: (all-gather the DP ranks' tokens, reduce-scatter the expert outputs) and a true all-to-all
+#: dispatch/combine (DeepEP, pplx, FlashInfer's, priced as NCCL all-to-all).
+ALL2ALL_BACKENDS = ("allgather_reducescatter", "alltoall")
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +145,8 @@ class SimConfig:
     router: str = "vllm"  # how requests pick a replica (engine/core/routing.py)
     router_load_cap: int = 8  # prefix_aware: max extra in-flight requests for a better hit
     fast_path: bool = True  # exact bulk application of identical decode steps
+    enable_expert_parallel: bool = False  # vLLM's flag: MoE experts whole over the TP × DP ranks
+    all2all_backend: str = "allgather_reducescatter"  # EP dispatch/combine (vLLM's default)
 
     def __post_init__(self) -> None:
         if self.max_model_len is not None and self.max_model_len < 2:
@@ -200,14 +207,13 @@ class SimConfig:
                 f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
                 f"got {self.kv_cache_dtype!r}"
             )
-        if self.fp8_weights and not self.uses_catalog_labels_only:
-            gpu = get_gpu(self.gpu)
-            if gpu.fp8_tflops is None:
-                raise ConfigError(
-                    f"--quantization {self.quantization} needs fp8 tensor cores, which "
-                    f"{gpu.display_name} lacks (vLLM would fall back to weight-only Marlin "
-                    "kernels, which the simulator does not price)"
-                )
+        if self.all2all_backend not in ALL2ALL_BACKENDS:
+            raise ConfigError(
+                f"all2all_backend must be one of {', '.join(ALL2ALL_BACKENDS)}, "
+                f"got {self.all2all_backend!r}"
+            )
+        if not self.uses_catalog_labels_only:
+            self._check_model_on_gpu()
         if self.resolved_cost_model == "vllm" and not self.uses_catalog_labels_only:
             gpu = get_gpu(self.gpu)
             if gpu.kernel_tables is None:
@@ -215,6 +221,51 @@ class SimConfig:
                     f"cost_model 'vllm' needs measured kernel tables, which {gpu.name} has "
                     "none of; use 'roofline'"
                 )
+
+    def _check_model_on_gpu(self) -> None:
+        """Expert parallelism needs experts; fp8 weights need fp8 tensor cores."""
+        spec = get_model(self.model)
+        if self.enable_expert_parallel and not spec.is_moe:
+            raise ConfigError(
+                f"--enable-expert-parallel needs a mixture-of-experts model; {spec.name} "
+                f"({spec.architecture}) is dense"
+            )
+        gpu = get_gpu(self.gpu)
+        if gpu.fp8_tflops is not None:
+            return
+        if self.fp8_weights:
+            raise ConfigError(
+                f"--quantization {self.quantization} needs fp8 tensor cores, which "
+                f"{gpu.display_name} lacks (vLLM would fall back to weight-only Marlin "
+                "kernels, which the simulator does not price)"
+            )
+        if spec.linear_weight_bytes == 1:
+            raise ConfigError(
+                f"{spec.name} is an fp8 checkpoint, which needs fp8 tensor cores; "
+                f"{gpu.display_name} lacks them (weight-only Marlin kernels are not priced)"
+            )
+
+    @property
+    def expert_parallel_size(self) -> int:
+        """GPUs the experts are spread over whole: vLLM's EP group is the TP × DP world (1:
+        tensor-parallel experts)."""
+        if not self.enable_expert_parallel:
+            return 1
+        return self.tensor_parallel_size * self.data_parallel_size
+
+    @property
+    def moe_shard_size(self) -> int:
+        """GPUs a MoE model's expert weights are sharded over: vLLM shards MoE layers over the
+        whole TP × DP world, whole experts (EP) or slices of each (TP); 1 for dense models."""
+        if not self.model_spec.is_moe:
+            return 1
+        return self.tensor_parallel_size * self.data_parallel_size
+
+    @property
+    def weight_dtype(self) -> str:
+        """The decoder's linear GEMMs: "fp8" (``--quantization fp8`` or an fp8 checkpoint) or
+        "bfloat16"."""
+        return "fp8" if self.fp8_weights or self.model_spec.linear_bytes == 1 else "bfloat16"
 
     def _check_policy(self) -> None:
         """The scheduling policy's class can be imported and is one, and a policy that needs
@@ -403,11 +454,17 @@ RUNTIME_OVERHEAD_BYTES = 1.5 * 2**30
 
 
 def kv_capacity(cfg: SimConfig) -> KVCapacity:
-    """Blocks = (memory × utilization − weights/tp − activation peak) / bytes per block.
+    """Blocks = (memory × utilization − weights per GPU − activation peak) / bytes per block.
+
+    Weights per GPU: the linear layers split over TP, a MoE model's experts over the whole
+    TP × DP world as vLLM shards them (``ModelSpec.weight_bytes_per_gpu``). A block holds
+    ``block_size`` tokens of this GPU's full-attention layers: its KV heads (replicated once
+    TP exceeds them), or MLA's latent (replicated on every TP rank). Sliding-window layers
+    hold at most the window per request and are not counted per token (docs/cost_model.md).
 
     The activation peak is that of vLLM's profiling forward at ``max_num_batched_tokens``
-    tokens: the widest intermediate (gate+up of the MLP), QKV, residual stream copies and the
-    logits of ``max_num_seqs`` sampled rows in fp32, per TP rank.
+    tokens (``activation_bytes_per_token``) plus the logits of ``max_num_seqs`` sampled rows
+    in fp32, per TP rank.
 
     With pipeline stages each GPU holds its stage's layers (and the embedding on the first,
     the LM head on the last) and the KV of its layers only; every stage gets the block count
@@ -418,20 +475,34 @@ def kv_capacity(cfg: SimConfig) -> KVCapacity:
     m, g, tp = cfg.model_spec, cfg.gpu_spec, cfg.tensor_parallel_size
     budgets = cfg.engine.budgets(budget_defaults(cfg))
     t, max_num_seqs = budgets.max_num_batched_tokens, budgets.max_num_seqs
-    a = 2  # bf16 activations
-    per_token = (
-        2 * m.intermediate_size / tp
-        + (m.num_heads + 2 * m.num_kv_heads) * m.head_dim / tp
-        + 4 * m.hidden_size
-    )
     logits = min(max_num_seqs, t) * m.vocab_size / tp * 4
-    activation = t * per_token * a + logits + RUNTIME_OVERHEAD_BYTES
+    per_token = activation_bytes_per_token(m, tp, cfg.moe_shard_size, cfg.enable_expert_parallel)
+    activation = t * per_token + logits + RUNTIME_OVERHEAD_BYTES
     budget = g.memory_bytes * cfg.gpu_memory_utilization
-    weights = m.weight_bytes / tp
+    weights = m.weight_bytes_per_gpu(tp, cfg.moe_shard_size)
     kv = budget - weights - activation
-    per_block = cfg.engine.block_size * m.kv_bytes_per_token / tp
+    per_block = cfg.engine.block_size * m.kv_bytes_per_token_per_gpu(tp)
     blocks = int(kv // per_block) if kv > 0 else 0
     return KVCapacity(g.memory_bytes, budget, weights, activation, kv, per_block, blocks)
+
+
+def activation_bytes_per_token(m: ModelSpec, tp: int, moe_shards: int = 1,
+                               expert_parallel: bool = False) -> float:
+    """Peak activation bytes per scheduled token of one forward (bf16): the widest MLP
+    intermediate (gate+up of a dense MLP; the fused-MoE workspace of top-k rows of
+    ``max(2·width, hidden) + width``), the attention projections' outputs and residual
+    stream copies, per TP rank."""
+    a = 2
+    dense = 2 * (m.dense_intermediate_size if m.is_moe else m.intermediate_size) / tp
+    widest = dense
+    if m.is_moe:
+        width = m.intermediate_size / (1 if expert_parallel else max(moe_shards, tp))
+        widest = max(dense, m.num_experts_per_token * (max(2 * width, m.hidden_size) + width))
+    if m.is_mla:
+        attn = m.num_heads * (m.q_head_dim + m.qk_nope_head_dim + m.v_head_dim) / tp
+    else:
+        attn = (m.num_heads + 2 * m.num_kv_heads) * m.head_dim / tp
+    return (widest + attn + 4 * m.hidden_size) * a
 
 
 def _pipeline_kv_capacity(cfg: SimConfig) -> KVCapacity:

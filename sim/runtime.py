@@ -163,7 +163,11 @@ def _stage_cost_model(
     if name == "roofline":
         from sim.cost.roofline import RooflineCostModel
 
-        return RooflineCostModel(model_spec, cfg.gpu_spec, cfg.tensor_parallel_size, cfg.roofline)
+        return RooflineCostModel(
+            model_spec, cfg.gpu_spec, cfg.tensor_parallel_size, cfg.roofline,
+            expert_parallel=cfg.enable_expert_parallel,
+            data_parallel_size=cfg.data_parallel_size,
+        )
     if name == "vllm":
         from sim.cost.cuda_graphs import CudaGraphPlan
         from sim.cost.vllm_step import VllmStepCostModel
@@ -175,9 +179,12 @@ def _stage_cost_model(
         )
         return VllmStepCostModel(
             model_spec, gpu, cfg.tensor_parallel_size,
-            weight_dtype="fp8" if cfg.fp8_weights else "bfloat16",
+            weight_dtype=cfg.weight_dtype,
             kv_cache_dtype="fp8" if cfg.fp8_kv_cache else "bfloat16",
             graphs=graphs, host=cfg.host_costs,
+            data_parallel_size=cfg.data_parallel_size,
+            expert_parallel=cfg.enable_expert_parallel,
+            all2all_backend=cfg.all2all_backend,
         )
     from sim.cost.fitted import FittedCostModel
 

@@ -40,7 +40,7 @@ EMULATED_TOKENIZER_VOCAB = 512
 REAL_ONLY = ("dtype", "device", "kv_cache_memory", "load_format", "attention_backend",
              "cpu_threads", "engine_cpus", "profile_out", "profile_grid", "step_shapes_out",
              "pipeline_parallel_size", "distributed_executor_backend")
-EMULATED_ONLY = ("gpu", "cost_model")
+EMULATED_ONLY = ("gpu", "cost_model", "quantization", "kv_cache_dtype", "enable_expert_parallel")
 
 
 def _flag(dest: str) -> str:
@@ -69,6 +69,8 @@ def _sim_config(args: argparse.Namespace) -> Any:
     }
     top = {
         "model": args.model, "gpu": args.gpu, "tensor_parallel_size": args.tensor_parallel_size,
+        "quantization": args.quantization, "kv_cache_dtype": args.kv_cache_dtype,
+        "enable_expert_parallel": args.enable_expert_parallel,
         "gpu_memory_utilization": args.gpu_memory_utilization,
         "num_gpu_blocks": args.num_gpu_blocks_override, "max_model_len": args.max_model_len,
         "frontend": {"num_api_servers": args.api_server_count or args.data_parallel_size or 1},
@@ -385,8 +387,13 @@ def register(sub: Any) -> None:
                    "shape and measured time to this CSV")
     g = p.add_argument_group("emulation (the simulator's cost model on the real clock)")
     g.add_argument("--emulate", action="store_true",
-                   help="emulate --model (a catalog name) on --gpu with -tp GPUs")
-    g.add_argument("--gpu", help="catalog GPU (h100-sxm, h200-sxm, a100-80gb; default h100-sxm)")
+                   help="emulate --model (a catalog name or a config.json / model directory) "
+                   "on --gpu with -tp GPUs")
+    g.add_argument("--gpu", help="catalog GPU (twinserve simulate --list-gpus; default h100-sxm)")
+    g.add_argument("--quantization", help="fp8: fp8 weights, W8A8 GEMMs (vLLM's flag)")
+    g.add_argument("--kv-cache-dtype", help="auto or fp8 (vLLM's flag)")
+    g.add_argument("--enable-expert-parallel", action="store_true", default=None,
+                   help="MoE models: experts spread over the TP ranks (vLLM's flag)")
     g.add_argument("--cost-model", help="auto (default: the vLLM step model where the GPU has "
                    "measured kernel tables, else the roofline), vllm, roofline, fitted:PATH, "
                    "fixed:SECONDS (every step takes that long) or zero (no time: the serving "

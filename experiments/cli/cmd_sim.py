@@ -16,20 +16,26 @@ from experiments.simconfig import config_dict_from_args, load_experiment_file
 
 def _list_catalogs(args: argparse.Namespace) -> bool:
     if args.list_models:
-        from sim.models import MODELS
+        from sim.model_catalog import catalog
 
-        print(f"{'model':<34} {'layers':>6} {'hidden':>6} {'heads':>5} {'kv':>3} {'params':>8}")
-        for m in MODELS.values():
-            print(f"{m.name:<34} {m.num_layers:>6} {m.hidden_size:>6} {m.num_heads:>5} "
-                  f"{m.num_kv_heads:>3} {m.total_params / 1e9:>7.1f}B")
+        print(f"{'model':<34} {'architecture':<22} {'layers':>6} {'hidden':>6} {'heads':>5} "
+              f"{'kv':>3} {'params':>8} {'active':>7}  features")
+        for m in (e.spec for e in catalog().values()):
+            print(f"{m.name:<34} {m.architecture:<22} {m.num_layers:>6} {m.hidden_size:>6} "
+                  f"{m.num_heads:>5} {m.num_kv_heads:>3} {m.total_params / 1e9:>7.1f}B "
+                  f"{m.active_params / 1e9:>6.1f}B  {_features(m)}")
+        print("--model also takes a path to a config.json or a model directory "
+              "(sim/data/models/SOURCES.md: where each file comes from)")
         return True
     if args.list_gpus:
         from sim.hardware import GPUS
 
-        print(f"{'gpu':<10} {'bf16 TFLOP/s':>12} {'HBM GB':>7} {'TB/s':>5} {'NVLink GB/s':>11}")
+        print(f"{'gpu':<10} {'bf16 TFLOP/s':>12} {'fp8':>6} {'HBM GB':>7} {'TB/s':>5} "
+              f"{'link GB/s':>9}  priced by")
         for g in GPUS.values():
-            print(f"{g.name:<10} {g.bf16_tflops:>12.0f} {g.memory_gb:>7.0f} "
-                  f"{g.memory_bw_tbps:>5.2f} {g.nvlink_gbps:>11.0f}")
+            fp8 = f"{g.fp8_tflops:.0f}" if g.fp8_tflops else "-"
+            print(f"{g.name:<10} {g.bf16_tflops:>12.0f} {fp8:>6} {g.memory_gb:>7.0f} "
+                  f"{g.memory_bw_tbps:>5.2f} {g.nvlink_gbps:>9.0f}  {g.calibration}")
         return True
     if args.list_networks:
         from sim.network import NETWORKS
@@ -42,6 +48,23 @@ def _list_catalogs(args: argparse.Namespace) -> bool:
     return False
 
 
+def _features(m: Any) -> str:
+    """What sets a model apart: MoE shape, MLA, sliding windows, checkpoint formats."""
+    out = []
+    if m.is_moe:
+        shared = " + shared" if m.shared_expert_intermediate_size else ""
+        out.append(f"MoE {m.num_experts_per_token}/{m.num_experts}{shared}")
+    if m.is_mla:
+        out.append(f"MLA (latent {m.kv_lora_rank}+{m.qk_rope_head_dim})")
+    if m.num_sliding_layers:
+        out.append(f"sliding window {m.sliding_window} on {m.num_sliding_layers} layers")
+    if m.linear_weight_bytes == 1:
+        out.append("fp8 checkpoint")
+    if m.expert_weight_bytes is not None:
+        out.append("MXFP4 experts")
+    return ", ".join(out)
+
+
 def _explain_step(cfg: Any, spec: str) -> int:
     """Print one step's cost by term (``sim/cost/explain.py``) and exit."""
     from sim.config import resolve_engine_config
@@ -51,7 +74,7 @@ def _explain_step(cfg: Any, spec: str) -> int:
     shape = parse_step(spec)
     engine = resolve_engine_config(cfg)
     model = make_cost_model(cfg, engine)
-    weights = "fp8" if cfg.fp8_weights else "bf16"
+    weights = "fp8" if cfg.weight_dtype == "fp8" else "bf16"
     kv = "fp8" if cfg.fp8_kv_cache else "bf16"
     tp, pp = cfg.tensor_parallel_size, cfg.pipeline_parallel_size
     layout = f"TP {tp}" if pp == 1 else f"TP {tp} × PP {pp}"

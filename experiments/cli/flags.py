@@ -30,10 +30,19 @@ def add_sim_flags(p: argparse.ArgumentParser) -> None:
     """Engine, model/hardware and workload flags (all default to None = not given)."""
     bool_flag = argparse.BooleanOptionalAction
     g = p.add_argument_group("model and hardware")
-    g.add_argument("--model", help="catalog model (Hugging Face id, e.g. meta-llama/Llama-3.1-8B)")
-    g.add_argument("--gpu", help="catalog GPU: h100-sxm, h200-sxm, a100-80gb")
+    g.add_argument("--model", help="catalog model (Hugging Face id or alias, e.g. "
+                   "meta-llama/Llama-3.1-8B, qwen3-30b-a3b; --list-models) or a path to a "
+                   "config.json or a model directory")
+    g.add_argument("--gpu", help="catalog GPU, e.g. h100-sxm, h200-sxm, b200, mi300x "
+                   "(--list-gpus)")
     g.add_argument("--tensor-parallel-size", "-tp", type=int)
     g.add_argument("--data-parallel-size", "-dp", type=int, help="engine replicas")
+    g.add_argument("--enable-expert-parallel", action=argparse.BooleanOptionalAction,
+                   default=None, help="MoE models: spread the experts over the TP × DP ranks "
+                   "(vLLM's flag)")
+    g.add_argument("--all2all-backend", choices=["allgather_reducescatter", "alltoall"],
+                   help="expert-parallel dispatch/combine (default allgather_reducescatter, "
+                   "vLLM's; alltoall: DeepEP/pplx-style)")
     g.add_argument("--pipeline-parallel-size", "-pp", type=int,
                    help="pipeline stages per replica (one batch in flight per stage)")
     g.add_argument("--gpus-per-node", type=int,

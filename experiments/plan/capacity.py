@@ -6,10 +6,18 @@ attainment target (a lower bound over the seeds, not their mean) — and noise-a
 the seeds disagree are kept and reported as the noise band, the range in which the answer
 depends on the seed.
 
-Search (``find_capacity``): probe ``rate_start``; double while feasible (up to ``rate_max``:
-"unbounded"), or halve while infeasible (down to ``rate_min``: "infeasible", with the best
-attainment seen); then bisect the bracket [highest feasible, lowest infeasible] until its width
-is within ``tolerance`` of its lower end, or ``max_probes`` is reached.
+Search (``find_capacity``): probe ``rate_start``; multiply by ``growth`` (2 by default; the
+planner starts at the cost model's capacity estimate, steps by 1.25 and squares the step after
+each step in the same direction, ``accelerate``) while feasible (up to
+``rate_max``: "unbounded"), or divide while infeasible (down to ``rate_min``: "infeasible", with
+the best attainment seen); then bisect the bracket [highest feasible, lowest infeasible] until
+its width is within ``tolerance`` of its lower end, or ``max_probes`` is reached.
+
+A probe need not run every seed (``seeds_needed``): seeds run one after another and stop as
+soon as a one-sided 95% Wilson bound on the pooled attainment settles the verdict — the lower
+bound at or above the target (pass), or a seed below it (fail: the every-seed rule makes the
+rate infeasible whatever the others do); only rates whose bound straddles the target pay for
+more seeds.
 
 Invariants: ``max_rate`` is a probed rate where every seed passed (0 when none did);
 ``fail_rate`` is a probed rate above it where some seed failed (inf when none did); with status
@@ -73,8 +81,12 @@ class SearchSettings:
     rate_max: float = 10_000.0
     tolerance: float = 0.05  # stop when (fail_rate − max_rate) <= tolerance · max_rate
     max_probes: int = 30
+    growth: float = 2.0  # bracketing step: rates are multiplied or divided by this
+    accelerate: bool = False  # square the step after each step the same way (gallop)
 
     def __post_init__(self) -> None:
+        if not 1 < self.growth <= 16:
+            raise ValueError(f"growth must be in (1, 16], got {self.growth}")
         if not 0 < self.rate_min <= self.rate_start <= self.rate_max:
             raise ValueError("need 0 < rate_min <= rate_start <= rate_max, got "
                              f"{self.rate_min}, {self.rate_start}, {self.rate_max}")
@@ -132,12 +144,14 @@ def find_capacity(
         return CapacityResult(status, lo, hi, converged, tuple(probes))
 
     rate = settings.rate_start
+    step = settings.growth
     if run(rate):
         lo = rate
         while True:
             if lo >= settings.rate_max:
                 return done("unbounded", lo, math.inf, True)
-            nxt = min(2 * lo, settings.rate_max)
+            nxt = min(step * lo, settings.rate_max)
+            step = step * step if settings.accelerate else step
             if len(probes) >= settings.max_probes:
                 return done("unbounded", lo, math.inf, False)
             if not run(nxt):
@@ -149,7 +163,8 @@ def find_capacity(
         while True:
             if hi <= settings.rate_min:
                 return done("infeasible", 0.0, hi, True)
-            nxt = max(hi / 2, settings.rate_min)
+            nxt = max(hi / step, settings.rate_min)
+            step = step * step if settings.accelerate else step
             if len(probes) >= settings.max_probes:
                 return done("infeasible", 0.0, hi, False)
             if run(nxt):
@@ -166,3 +181,31 @@ def find_capacity(
             hi = mid
     return done("ok", lo, hi, True)
 
+
+
+#: z of a one-sided 95% bound.
+Z95_ONE_SIDED = 1.644854
+
+
+def wilson_interval(successes: float, n: float,
+                    z: float = Z95_ONE_SIDED) -> tuple[float, float]:
+    """The Wilson score interval of a proportion (``successes`` of ``n``)."""
+    if n <= 0:
+        return 0.0, 1.0
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def seeds_needed(attainments: list[float], num_requests: list[int], target: float) -> bool:
+    """Whether another seed is needed: every seed so far met ``target`` (one that did not
+    makes the rate infeasible under the every-seed rule, whatever the others do) but the
+    pooled attainment's one-sided 95% lower bound is still below it."""
+    if any(a < target for a in attainments):
+        return False
+    n = sum(num_requests)
+    met = sum(a * k for a, k in zip(attainments, num_requests, strict=True))
+    lo, _ = wilson_interval(met, n)
+    return lo < target

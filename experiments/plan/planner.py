@@ -1,13 +1,21 @@
 """Capacity planning: for each candidate layout, the highest rate that meets the SLOs, and the
 fewest GPUs that serve a target rate.
 
-A *candidate* is a GPU, a TP size, a PP size, a replica count (DP) and values of key engine
-knobs, applied
-on top of a base config that fixes the model and the workload shape (lengths from a trace or a
-distribution, burstiness, number of requests). A probe of a candidate at rate r simulates it
-once per seed with the request rate set to r and measures the SLO attainment: the fraction of
-all requests that completed and met every SLO (``records.effective_attainment``); a seed passes
-when that is ≥ the target (e.g. 0.99). ``capacity.find_capacity`` turns probes into a rate.
+A *candidate* is a GPU, a TP size (× PP when the simulator has it), a replica count (DP), an
+expert-parallel flag, a weight dtype and values of key engine knobs, applied on top of a base
+config that fixes the model and the workload shape (lengths from a trace or a distribution,
+burstiness, number of requests). With a GPU budget (``num_gpus``) the candidates are every
+layout the budget holds (``layouts.budget_layouts``) and each is first estimated by the cost
+model (``estimate``): layouts that cannot run, cannot meet the SLOs even unloaded, or are
+clearly beaten on both axes of the front are pruned before any simulation (``prescreen``).
+
+A probe of a candidate at rate r simulates it with the request rate set to r and measures
+the SLO attainment: the fraction of all requests that completed and met every SLO
+(``records.effective_attainment``); a seed passes when that is ≥ the target (e.g. 0.99).
+Seeds run one at a time until the pooled attainment's confidence interval settles the
+verdict (``capacity.seeds_needed``). ``capacity.find_capacity`` turns probes into a rate,
+starting from the estimate and stepping by ``search.growth``; probes at fractions of the
+capacity (``front_fractions``) add the lighter-load points of the Pareto front.
 
 With a target rate, the DP count is solved instead of given: starting from
 ``ceil(target / one-replica capacity)`` replicas, the DP layout itself is simulated at the
@@ -21,6 +29,7 @@ synthetic model in tests) runs every probe in this process, uncached.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import threading
@@ -31,7 +40,14 @@ from typing import Any
 
 from engine.core.errors import UserError
 from engine.core.interfaces import CostModel
-from experiments.plan.capacity import CapacityResult, RateProbe, SearchSettings, find_capacity
+from experiments.plan.capacity import (
+    CapacityResult,
+    RateProbe,
+    SearchSettings,
+    find_capacity,
+    seeds_needed,
+)
+from experiments.plan.estimate import Estimate, WorkloadShape
 from experiments.sweep.backends import Backend, InlineBackend
 from experiments.sweep.expfile import full_config, set_key, set_seed
 from experiments.sweep.records import effective_attainment
@@ -39,6 +55,9 @@ from experiments.sweep.runner import ResultCache, make_task, run_tasks
 from sim.hardware import get_gpu
 
 CostModelFactory = Callable[[Any], CostModel]  # SimConfig -> CostModel
+#: The first probe's rate as a fraction of the estimate: the estimate leaves the percentile
+#: tails partly to the simulation and runs 5-60% high on the Azure conversation trace.
+START_FRACTION = 0.8
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +69,8 @@ class Candidate:
     data_parallel_size: int
     knobs: tuple[tuple[str, Any], ...] = ()
     pipeline_parallel_size: int = 1
+    expert_parallel: bool = False  # experts whole over the TP × DP ranks (one engine group)
+    quantization: str | None = None  # vLLM --quantization (None: the checkpoint's dtype)
 
     @property
     def num_gpus(self) -> int:
@@ -59,12 +80,13 @@ class Candidate:
     def label(self) -> str:
         knobs = "".join(f" {k.rpartition('.')[2]}={v}" for k, v in self.knobs)
         pp = f" pp{self.pipeline_parallel_size}" if self.pipeline_parallel_size > 1 else ""
+        ep = " ep" if self.expert_parallel else ""
+        q = f" {self.quantization}" if self.quantization else ""
         return (f"{self.gpu} tp{self.tensor_parallel_size}{pp} dp{self.data_parallel_size}"
-                f"{knobs}")
+                f"{ep}{q}{knobs}")
 
     def with_replicas(self, n: int) -> Candidate:
-        return Candidate(self.gpu, self.tensor_parallel_size, n, self.knobs,
-                         self.pipeline_parallel_size)
+        return dataclasses.replace(self, data_parallel_size=n)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +106,12 @@ class PlanSpec:
     target_rate: float | None = None  # req/s to serve with the fewest GPUs
     max_replicas: int = 16
     gpu_prices: Mapping[str, float] = field(default_factory=dict)  # $ per GPU-hour
+    num_gpus: int | None = None  # a GPU budget: plan every layout it holds (layouts.py)
+    quantizations: tuple[str | None, ...] = (None,)  # budget mode: weight dtypes
+    expert_parallel: str = "auto"  # budget mode: "auto", "on" or "off" (MoE models)
+    prescreen: bool | None = None  # prune by the estimate (None: in budget mode only)
+    start_from_estimate: bool = True  # start each search at the estimate (else rate_start)
+    front_fractions: tuple[float, ...] = (0.3,)  # extra probes at these fractions of capacity
 
     def __post_init__(self) -> None:
         if not self.gpus or not self.tp_sizes or not self.dp_sizes or not self.seeds:
@@ -114,12 +142,44 @@ class PlanSpec:
         return {"goodput": dict(self.slos_ms), "percentiles": [50.0, 90.0, 99.0],
                 "percentile_metrics": ["ttft", "tpot", "itl", "e2el"]}
 
+    @property
+    def prunes(self) -> bool:
+        return self.prescreen if self.prescreen is not None else self.num_gpus is not None
+
     def candidates(self) -> list[Candidate]:
+        if self.num_gpus is not None:
+            return self._budget_candidates()
         dps = (1,) if self.target_rate is not None else self.dp_sizes
         combos = itertools.product(*(values for _, values in self.knobs))
         knob_sets = [tuple(zip((k for k, _ in self.knobs), c, strict=True)) for c in combos]
         return [Candidate(g, tp, dp, ks, pp) for g in self.gpus for tp in self.tp_sizes
                 for pp in self.pp_sizes for dp in dps for ks in knob_sets]
+
+    def _budget_candidates(self) -> list[Candidate]:
+        """Every unit layout the budget holds, per GPU kind (``layouts.budget_layouts``)."""
+        from experiments.plan.layouts import SpaceSpec, budget_layouts
+        from sim.model_catalog import get_model
+
+        assert self.num_gpus is not None
+        model = get_model(str(self.base.get("model", "meta-llama/Llama-3.1-8B")))
+        combos = itertools.product(*(values for _, values in self.knobs))
+        knob_sets = [tuple(zip((k for k, _ in self.knobs), c, strict=True)) for c in combos]
+        out = []
+        for gpu in self.gpus:
+            space = SpaceSpec(model, gpu, self.num_gpus, self.pp_sizes, self.quantizations,
+                              self.expert_parallel)
+            for lay in budget_layouts(space):
+                for ks in knob_sets:
+                    out.append(Candidate(gpu, lay.tensor_parallel_size, lay.data_parallel_size,
+                                         ks, lay.pipeline_parallel_size, lay.expert_parallel,
+                                         lay.quantization))
+        return out
+
+    def replicas_in_budget(self, candidate: Candidate) -> int:
+        """Replicas of ``candidate`` the budget holds (1 for a data-parallel MoE group)."""
+        if self.num_gpus is None or candidate.data_parallel_size > 1:
+            return 1
+        return max(self.num_gpus // candidate.num_gpus, 1)
 
 
 class Evaluator:
@@ -146,6 +206,10 @@ class Evaluator:
                     data_parallel_size=candidate.data_parallel_size)
         if candidate.pipeline_parallel_size > 1 or "pipeline_parallel_size" in user:
             user["pipeline_parallel_size"] = candidate.pipeline_parallel_size
+        if candidate.expert_parallel:
+            user["enable_expert_parallel"] = True
+        if candidate.quantization is not None:
+            user["quantization"] = candidate.quantization
         for key, value in candidate.knobs:
             set_key(user, key, value)
         if rate is not None:
@@ -154,27 +218,40 @@ class Evaluator:
         return full_config(user)
 
     def probe(self, candidate: Candidate, rate: float) -> RateProbe:
-        tasks = [make_task(self.config(candidate, rate, s), self.spec.report)
-                 for s in self.spec.seeds]
-        records, stats = run_tasks(tasks, self.backend, self.cache)
-        errors = [r["error"] for r in records if r.get("error")]
-        if errors:
-            raise UserError(f"{candidate.label} at {rate:.4g} req/s: {errors[0]}")
+        """``candidate`` at ``rate``: seeds one at a time while the verdict is open."""
+        records: list[dict[str, Any]] = []
+        for seed in self.spec.seeds:
+            task = make_task(self.config(candidate, rate, seed), self.spec.report)
+            (record,), stats = run_tasks([task], self.backend, self.cache)
+            if record.get("error"):
+                raise UserError(f"{candidate.label} at {rate:.4g} req/s: {record['error']}")
+            records.append(record)
+            with self._lock:
+                self.num_sims += stats.num_run
+            attainments = [effective_attainment(r) for r in records]
+            if not seeds_needed(attainments, [_num_requests(r) for r in records],
+                                self.spec.attainment):
+                break
         with self._lock:
             self.records[(candidate, rate)] = records
-            self.num_sims += stats.num_run
         return RateProbe(rate, tuple(effective_attainment(r) for r in records),
                          self.spec.attainment)
 
-    def search(self, candidate: Candidate) -> CapacityResult:
+    def search(self, candidate: Candidate, start: float | None = None) -> CapacityResult:
+        """The capacity search, from ``start`` (the estimate) or the per-replica start."""
         s = self.spec.search
+        begin = start if start is not None else s.rate_start * candidate.data_parallel_size
         scaled = SearchSettings(
-            rate_start=min(max(s.rate_start * candidate.data_parallel_size, s.rate_min),
-                           s.rate_max),
+            rate_start=min(max(begin, s.rate_min), s.rate_max),
             rate_min=s.rate_min, rate_max=s.rate_max, tolerance=s.tolerance,
-            max_probes=s.max_probes,
+            max_probes=s.max_probes, growth=s.growth if start is None else min(s.growth, 1.25),
+            accelerate=start is not None,
         )
         return find_capacity(lambda r: self.probe(candidate, r), scaled)
+
+
+def _num_requests(record: Mapping[str, Any]) -> int:
+    return int((record.get("completed") or 0) + (record.get("failed") or 0))
 
 
 def _with_cost_model(factory: CostModelFactory) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
@@ -198,6 +275,8 @@ class CandidateOutcome:
     replicas: int | None = None  # target mode: fewest replicas that meet the target
     target_probe: RateProbe | None = None  # target mode: the probe at the chosen replicas
     target_status: str | None = None  # "ok", "infeasible", "over_max_replicas"
+    estimate: Estimate | None = None  # the cost model's analytic estimate (when made)
+    pruned: str | None = None  # why the pre-screen dropped it (no simulation)
 
 
 def solve_replicas(
@@ -245,16 +324,59 @@ def solve_replicas(
     return hi, probes[hi], "ok"
 
 
-def evaluate_candidate(ev: Evaluator, candidate: Candidate) -> CandidateOutcome:
+def evaluate_candidate(ev: Evaluator, candidate: Candidate,
+                       estimate: Estimate | None = None) -> CandidateOutcome:
     try:
         ev.config(candidate, None, ev.spec.seeds[0])  # fits? (raises UserError)
-        capacity = ev.search(candidate)
+        start = None
+        if ev.spec.start_from_estimate and estimate is not None and estimate.capacity_rps > 0:
+            start = START_FRACTION * estimate.capacity_rps
+        capacity = ev.search(candidate, start)
+        if capacity.max_rate > 0:
+            for fraction in ev.spec.front_fractions:  # lighter-load points of the front
+                ev.probe(candidate, fraction * capacity.max_rate)
         if ev.spec.target_rate is None:
-            return CandidateOutcome(candidate, capacity)
+            return CandidateOutcome(candidate, capacity, estimate=estimate)
         n, probe, status = solve_replicas(ev, candidate, capacity, ev.spec.target_rate)
-        return CandidateOutcome(candidate, capacity, None, n, probe, status)
+        return CandidateOutcome(candidate, capacity, None, n, probe, status, estimate)
     except UserError as exc:
-        return CandidateOutcome(candidate, None, str(exc))
+        return CandidateOutcome(candidate, None, str(exc), estimate=estimate)
+
+
+def prescreen(spec: PlanSpec, candidates: Sequence[Candidate], shape: WorkloadShape | None,
+              factory: CostModelFactory | None = None,
+              ) -> tuple[dict[Candidate, Estimate], dict[Candidate, str]]:
+    """(estimates, prune reasons) of the candidates (module docstring). Without a workload
+    shape nothing is estimated; without ``spec.prunes`` nothing is pruned."""
+    from experiments.plan.estimate import dominated, estimate_config, slo_unreachable
+
+    estimates: dict[Candidate, Estimate] = {}
+    reasons: dict[Candidate, str] = {}
+    if shape is None:
+        return estimates, reasons
+    ev = Evaluator(spec, InlineBackend(), ResultCache(None))
+    for c in candidates:
+        try:
+            estimates[c] = estimate_config(ev.config(c, None, spec.seeds[0]),
+                                           dict(spec.slos_ms), shape, factory, spec.attainment)
+        except UserError as exc:
+            reasons[c] = f"cannot run: {exc}"
+    if not spec.prunes:
+        return estimates, {}
+    for c, est in estimates.items():
+        why = slo_unreachable(est, dict(spec.slos_ms))
+        if why is not None:
+            reasons[c] = f"SLO out of reach (estimate): {why}"
+    alive = [c for c in estimates if c not in reasons]
+    for c, by in zip(alive, dominated([estimates[c] for c in alive]), strict=True):
+        if by is not None:
+            o, e = alive[by], estimates[c]
+            mine = (f"{e.tokens_per_s_per_gpu:.0f} at {e.tokens_per_s_per_user:.1f}"
+                    if e.capacity_rps > 0 else f"no rate meeting the SLOs ({e.limit})")
+            reasons[c] = (f"dominated (estimate): {o.label} serves "
+                          f"{estimates[o].tokens_per_s_per_gpu:.0f} tok/s/GPU at "
+                          f"{estimates[o].tokens_per_s_per_user:.1f} tok/s/user vs {mine}")
+    return estimates, reasons
 
 
 def run_plan(
@@ -264,14 +386,23 @@ def run_plan(
     *,
     cost_model_factory: CostModelFactory | None = None,
     on_done: Callable[[CandidateOutcome], None] | None = None,
+    shape: WorkloadShape | None = None,
 ) -> tuple[list[CandidateOutcome], Evaluator]:
-    """Search every candidate (concurrently when the backend has several workers)."""
+    """Estimate and pre-screen every candidate (with a workload ``shape``), then search the
+    survivors (concurrently when the backend has several workers)."""
     ev = Evaluator(spec, backend, cache, cost_model_factory)
     candidates = spec.candidates()
-    threads = 1 if ev.backend.workers == 1 else min(len(candidates), 2 * ev.backend.workers)
+    estimates, pruned = prescreen(spec, candidates, shape, cost_model_factory)
+    alive = [c for c in candidates if c not in pruned]
+    threads = 1 if ev.backend.workers == 1 else min(max(len(alive), 1),
+                                                     2 * ev.backend.workers)
 
     def one(c: Candidate) -> CandidateOutcome:
-        outcome = evaluate_candidate(ev, c)
+        if c in pruned:
+            outcome = CandidateOutcome(c, None, pruned[c], estimate=estimates.get(c),
+                                       pruned=pruned[c])
+        else:
+            outcome = evaluate_candidate(ev, c, estimates.get(c))
         if on_done is not None:
             on_done(outcome)
         return outcome

@@ -6,8 +6,11 @@ Columns of a row (``plan_rows``):
   ``pipeline_parallel_size``, ``data_parallel_size``, ``num_gpus`` and one column per knob;
 * ``status``: "ok"; "unbounded" (met the SLOs up to the search's rate limit); "infeasible"
   (the SLOs are not met even at the lowest rate tried — the row still shows the best it
-  reached); "invalid" (the layout cannot run, e.g. the model does not fit); target mode also
-  "over_max_replicas";
+  reached); "invalid" (the layout cannot run, e.g. the model does not fit); "pruned" (the
+  cost model's estimate ruled it out before any simulation; ``note`` says why); target mode
+  also "over_max_replicas";
+* the estimate (when made): ``est_capacity_rps``, ``est_tokens_per_s_per_gpu``,
+  ``est_tokens_per_s_per_user``, ``est_limit`` (what bounds it);
 * the search: ``max_rate`` (req/s, every seed passed), ``fail_rate``, ``resolution`` (relative
   bracket width), ``noise_lo``/``noise_hi`` (rates where seeds disagreed), ``probes``;
   ``attainment`` (lowest over seeds at ``max_rate``, or the best reached when infeasible) and
@@ -44,10 +47,18 @@ def _row(spec: PlanSpec, ev: Evaluator, o: CandidateOutcome) -> dict[str, Any]:
     row: dict[str, Any] = {"candidate": c.label, "gpu": c.gpu,
                            "tensor_parallel_size": c.tensor_parallel_size,
                            "pipeline_parallel_size": c.pipeline_parallel_size,
-                           "data_parallel_size": c.data_parallel_size, "num_gpus": c.num_gpus}
+                           "data_parallel_size": c.data_parallel_size,
+                           "expert_parallel": c.expert_parallel,
+                           "quantization": c.quantization or "", "num_gpus": c.num_gpus}
     row.update({k: v for k, v in c.knobs})
+    if o.estimate is not None:
+        e = o.estimate
+        row.update(est_capacity_rps=e.capacity_rps,
+                   est_tokens_per_s_per_gpu=e.tokens_per_s_per_gpu,
+                   est_tokens_per_s_per_user=e.tokens_per_s_per_user, est_limit=e.limit)
     if o.capacity is None:
-        return {**row, "status": "invalid", "note": o.error}
+        status = "pruned" if o.pruned else "invalid"
+        return {**row, "status": status, "note": o.error}
     cap = o.capacity
     best = cap.best_probe
     records = ev.records.get((c, best.rate), [])
@@ -91,8 +102,35 @@ def _row(spec: PlanSpec, ev: Evaluator, o: CandidateOutcome) -> dict[str, Any]:
     if price is not None:
         row["usd_per_gpu_hour"] = price
         row["usd_per_million_requests"] = row["gpu_hours_per_million_requests"] * price
-    row["note"] = _note(spec, row, best)
+    row["note"] = "; ".join(n for n in (_note(spec, row, best),
+                                        short_run_note(records, best.rate)) if n)
     return row
+
+
+#: A probe's arrivals should span this many mean request latencies, so that most requests
+#: see the engine at its steady-state load rather than filling or draining it.
+STEADY_SPANS = 3.0
+
+
+def short_run_note(records: Sequence[Mapping[str, Any]], rate: float) -> str:
+    """A warning when the probe at ``rate`` ended before its engine reached steady state.
+
+    At ``rate`` req/s and a mean latency of ``W`` s the engine holds ``rate·W`` requests
+    (Little's law); ``N`` prompts arrive in ``N/rate`` s. When that is under ``STEADY_SPANS·W``
+    most requests arrived into a filling engine, and the SLOs hold at rates the deployment
+    cannot sustain: the capacity is overstated.
+    """
+    latency_s = seeds_mean(records, "mean_e2el_ms") / 1000
+    num = seeds_mean(records, "completed")
+    if not records or not rate > 0 or not latency_s > 0 or math.isnan(num):
+        return ""
+    need = STEADY_SPANS * rate * latency_s
+    if num >= need:
+        return ""
+    return (f"short run: {num:.0f} prompts arrive in {num / rate:.3g} s at {rate:.3g} req/s, "
+            f"under {STEADY_SPANS:g}x the mean latency ({latency_s:.3g} s), so the engine never "
+            f"reached steady state and the capacity is overstated; rerun with --num-prompts "
+            f"{math.ceil(need / 100) * 100} or more")
 
 
 def _note(spec: PlanSpec, row: Mapping[str, Any], best: Any) -> str:
@@ -141,7 +179,7 @@ def probe_rows(ev: Evaluator) -> pd.DataFrame:
     """One row per simulated seed of every probe (candidate, rate, seed, attainment …)."""
     rows = []
     for (c, rate), records in ev.records.items():
-        for seed, r in zip(ev.spec.seeds, records, strict=True):
+        for seed, r in zip(ev.spec.seeds[: len(records)], records, strict=True):
             rows.append({"candidate": c.label, "rate": rate, "seed": seed,
                          "attainment": _attainment(r), "p99_ttft_ms": r.get("p99_ttft_ms"),
                          "p99_tpot_ms": r.get("p99_tpot_ms"),
@@ -160,8 +198,8 @@ def _attainment(record: Mapping[str, Any]) -> float:
 #: Columns of plan.md and the printed table (those present).
 SHOWN: tuple[str, ...] = (
     "rank", "candidate", "num_gpus", "status", "max_rate", "replica_max_rate",
-    "max_rate_per_gpu", "target_rate", "attainment", "p99_ttft_ms", "p99_tpot_ms",
-    "gpu_hours_per_million_requests", "usd_per_million_requests",
+    "max_rate_per_gpu", "est_capacity_rps", "target_rate", "attainment", "p99_ttft_ms",
+    "p99_tpot_ms", "gpu_hours_per_million_requests", "usd_per_million_requests",
 )
 
 
@@ -175,8 +213,13 @@ def write_plan(spec: PlanSpec, df: pd.DataFrame, probes: pd.DataFrame, out: Path
     df.to_csv(out / "plan.csv", index=False)
     probes.to_csv(out / "probes.csv", index=False)
     slo = ", ".join(f"{k} ≤ {v:g} ms" for k, v in spec.slos_ms.items())
-    mode = (f"fewest GPUs serving **{spec.target_rate:g} req/s**" if spec.target_rate
-            else "highest request rate per candidate")
+    if spec.target_rate:
+        mode = f"fewest GPUs serving **{spec.target_rate:g} req/s**"
+    elif spec.num_gpus is not None:
+        mode = (f"the best deployment of **{spec.num_gpus} GPUs** of one kind (highest "
+                "request rate per layout; replicas fill the budget)")
+    else:
+        mode = "highest request rate per candidate"
     lines = [
         "# Capacity plan", "",
         f"- Goal: {mode}; SLOs {slo} for at least {spec.attainment:.1%} of requests "
@@ -190,3 +233,50 @@ def write_plan(spec: PlanSpec, df: pd.DataFrame, probes: pd.DataFrame, out: Path
     if notes:
         lines += ["Notes:", "", *notes, ""]
     (out / "plan.md").write_text("\n".join(lines))
+
+
+def write_front(spec: PlanSpec, ev: Evaluator, deployment: Any, out: Path) -> str:
+    """front.csv, front.png and plan.md's front and recommendation sections; returns the
+    recommendation's text (empty without one)."""
+    from experiments.plan.front import front_points, plot_front, serve_commands
+
+    points = front_points(spec, ev)
+    if points.empty:
+        return ""
+    points.to_csv(out / "front.csv", index=False)
+    lines = ["", "## Pareto front (throughput per GPU vs tokens/s per user)", "",
+             "Every probe is a point (`front.csv`); these met the SLOs and no other SLO-meeting "
+             "point beats them on both axes. `front.png` also plots throughput per GPU against "
+             "p99 TTFT.", ""]
+    front = points[points["on_user_front"]].sort_values("tokens_per_s_per_user")
+    cols = ["candidate", "rate", "tokens_per_s_per_gpu", "tokens_per_s_per_user", "p99_ttft_ms",
+            "p99_tpot_ms", "vllm_serve"]
+    lines += [markdown_table(front[cols]), ""]
+    text = ""
+    star = None
+    if deployment is not None:
+        d = deployment
+        vllm, twin = serve_commands(spec, d.unit, d.replicas)
+        verdict = {"verified": "met the SLOs at the predicted rate",
+                   "backed_off": "met the SLOs only below the predicted rate",
+                   "failed": "missed the SLOs even 20% below the predicted rate"}[d.status]
+        text = "\n".join([
+            f"Recommended: {d.replicas} × [{d.unit.label}] = {d.num_gpus} GPUs; simulated as a "
+            f"whole at {d.predicted_rate:.3g} req/s predicted: {verdict}"
+            + (f" (met at {d.rate:.3g} req/s)" if d.status == "backed_off" else "") + ".",
+            f"  {d.tokens_per_s_per_gpu:.0f} output tok/s per GPU, "
+            f"{d.tokens_per_s_per_user:.1f} tok/s per user, p99 TTFT "
+            f"{d.metric('p99_ttft_ms'):.0f} ms, p99 TPOT {d.metric('p99_tpot_ms'):.1f} ms",
+            f"  vllm serve:      {vllm}",
+            f"  twinserve serve: {twin}",
+        ])
+        lines += ["## Recommended deployment", "", "```", text, "```", ""]
+        if d.records:
+            star = (d.tokens_per_s_per_gpu, d.tokens_per_s_per_user, d.metric("p99_ttft_ms"))
+    slo = " ".join(f"{k}≤{v:g}ms" for k, v in spec.slos_ms.items())
+    title = (f"{spec.base.get('model', '')} — {slo} at {spec.attainment:.0%} "
+             f"({len(points)} simulated points)")
+    plot_front(points, out / "front.png", title, star)
+    with (out / "plan.md").open("a") as f:
+        f.write("\n".join(lines))
+    return text

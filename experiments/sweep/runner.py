@@ -93,7 +93,7 @@ def catalog_facts(config: Mapping[str, Any]) -> dict[str, Any]:
     import dataclasses
 
     from sim.hardware import get_gpu
-    from sim.models import get_model
+    from sim.model_catalog import get_model
 
     facts: dict[str, Any] = {}
     try:

@@ -2,8 +2,10 @@
 
 The tables (``sim/data/kernels/aiconfigurator/``, derived from aiconfigurator-core 0.12.0's
 database; NOTICE there) hold kernel times measured through vLLM's own layers under CUDA-graph
-replay: GEMMs by (dtype, m, n, k), prefill and decode attention by (KV dtype, heads, batch,
-length), vLLM's tensor-parallel all-reduce by (TP, bytes, graph or eager), NCCL collectives.
+replay: GEMMs by (dtype, m, n, k), prefill and decode attention by (KV dtype, head size,
+heads, batch, length), vLLM's tensor-parallel all-reduce by (TP, bytes, graph
+or eager), NCCL collectives, the fused-MoE layer by (dtype, shape, MoE TP/EP, tokens) and
+DeepSeek's MLA attention module by (KV dtype, GEMM dtype, heads, batch, length).
 ``load_tables(system)`` reads one GPU's rows once per process; the ``*_curve`` / ``*_grid``
 methods turn them into the ``sim.cost.interp`` curves a cost model evaluates per step.
 
@@ -35,7 +37,19 @@ GEMM_DTYPES = ("bfloat16", "fp8")
 KV_DTYPES = ("bfloat16", "fp8")
 ATTENTION_KINDS = ("decode", "prefill")
 #: Wide-column prefixes of the tables: the grid value follows, then ``_us``.
-_PREFIX = {"gemm": "m", "decode": "kv", "prefill": "isl"}
+_PREFIX = {"gemm": "m", "decode": "kv", "prefill": "isl", "moe": "t"}
+#: An attention table's key: (kind, KV dtype, head size, query heads, KV heads).
+AttnKey = tuple[str, str, int, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class MoEShape:
+    """A fused-MoE layer's shape as the tables key it."""
+
+    hidden: int
+    inter: int  # one expert's width (before MoE TP)
+    topk: int
+    experts: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,12 +116,16 @@ class KernelTables:
         self.system = system
         self.sources = self._read_sources()
         self._read_gemm()
-        self._attention: dict[tuple[str, str, int, int], tuple[list[float], list[list[float]]]]
-        self._attention = {}
+        self._attention: dict[AttnKey, tuple[list[float], list[list[float]]]] = {}
         self._attention_x: dict[str, list[float]] = {}
         for kind in ATTENTION_KINDS:
             self._read_attention(kind)
         self._read_comm()
+        self._read_moe()
+        self._mla: dict[tuple[str, str, str, int], tuple[list[float], list[list[float]]]] = {}
+        self._mla_x: dict[str, list[float]] = {}
+        for kind in ATTENTION_KINDS:
+            self._read_mla(kind)
 
     # -- reading ------------------------------------------------------------------------------
     def _read_sources(self) -> dict[tuple[str, str], TableSource]:
@@ -137,13 +155,12 @@ class KernelTables:
         header, rows = _read(f"attn_{kind}.csv", self.system)
         cols = _grid_columns(header, _PREFIX[kind])
         self._attention_x[kind] = [x for _, x in cols]
-        by_pair: dict[tuple[str, str, int, int], list[tuple[float, list[float]]]] = {}
+        by_pair: dict[AttnKey, list[tuple[float, list[float]]]] = {}
         for r in rows:
             kv_dtype, head_dim, hq, hk, batch = r[1], int(r[2]), int(r[3]), int(r[4]), float(r[5])
-            if head_dim != 128:
-                continue
             values = [_value(r[i]) for i, _ in cols]
-            by_pair.setdefault((kind, kv_dtype, hq, hk), []).append((batch, values))
+            key = (kind, kv_dtype, head_dim, hq, hk)
+            by_pair.setdefault(key, []).append((batch, values))
         for key, entries in by_pair.items():
             entries.sort(key=lambda e: e[0])
             self._attention[key] = ([b for b, _ in entries], [v for _, v in entries])
@@ -185,59 +202,77 @@ class KernelTables:
     def has_attention(self, kind: str, kv_dtype: str) -> bool:
         return any(key[0] == kind and key[1] == kv_dtype for key in self._attention)
 
-    def attention_pairs(self, kind: str, kv_dtype: str) -> list[tuple[int, int]]:
-        return sorted((k[2], k[3]) for k in self._attention if k[0] == kind and k[1] == kv_dtype)
+    def attention_pairs(self, kind: str, kv_dtype: str,
+                        head_dim: int = 128) -> list[tuple[int, int]]:
+        """The measured (query heads, KV heads) pairs at this head size."""
+        return sorted((k[3], k[4]) for k in self._attention if k[:3] == (kind, kv_dtype, head_dim))
 
     def attention_table(
-        self, kind: str, kv_dtype: str, hq: int, hk: int
+        self, kind: str, kv_dtype: str, hq: int, hk: int, head_dim: int = 128
     ) -> tuple[list[float], list[float], list[list[float]]]:
         """(batches, lengths, times µs) of one measured head pair."""
-        batches, values = self._attention[(kind, kv_dtype, hq, hk)]
+        batches, values = self._attention[(kind, kv_dtype, head_dim, hq, hk)]
         return batches, self._attention_x[kind], values
 
-    def attention_grid(self, kind: str, kv_dtype: str, hq: int, hk: int) -> AttentionGrid:
-        """Attention time (µs) by (batch, length) for ``hq`` query and ``hk`` KV heads per GPU.
+    def attention_grid(self, kind: str, kv_dtype: str, hq: int, hk: int,
+                       head_dim: int = 128) -> AttentionGrid:
+        """Attention time (µs) by (batch, length) for ``hq`` query and ``hk`` KV heads per GPU
+        of ``head_dim``.
 
         Measured pairs are used as they are. Otherwise, between two measured pairs with the
         same KV heads the time is interpolated linearly in the query heads; failing that, the
         nearest measured pair is scaled above its floor by the work ratio (decode: KV heads,
-        which set the bytes read; prefill: query heads, which set the FLOPs).
+        which set the bytes read; prefill: query heads, which set the FLOPs). A head size
+        without measurements uses the head-size-128 pairs scaled by the head-size ratio (an
+        estimate).
         """
         if not self.has_attention(kind, kv_dtype):
             raise ConfigError(f"no {kind} attention table with {kv_dtype} KV for {self.system}")
-        pairs = self.attention_pairs(kind, kv_dtype)
+        if self.attention_pairs(kind, kv_dtype, head_dim):
+            got = self._pair_grid(kind, kv_dtype, hq, hk, head_dim, 1.0)
+            size = f", head size {head_dim}" if head_dim != 128 else ""
+            return AttentionGrid(got.grid, got.how + size)
+        scale = head_dim / 128
+        got = self._pair_grid(kind, kv_dtype, hq, hk, 128, scale)
+        return AttentionGrid(got.grid, f"{got.how}, scaled by head size {scale:g} (estimate)")
+
+    def _pair_grid(self, kind: str, kv_dtype: str, hq: int, hk: int, head_dim: int,
+                   work: float) -> AttentionGrid:
+        pairs = self.attention_pairs(kind, kv_dtype, head_dim)
         exponent = 2.0 if kind == "prefill" else 1.0
         log_x = kind == "prefill"
-        if (hq, hk) in pairs:
-            return AttentionGrid(self._grid(kind, kv_dtype, hq, hk, log_x, exponent),
+        table = (kind, kv_dtype, head_dim)
+        if (hq, hk) in pairs and work == 1.0:
+            return AttentionGrid(self._grid(table, (hq, hk), log_x, exponent),
                                  f"measured ({hq}, {hk})")
         same_kv = [p for p in pairs if p[1] == hk]
-        lower = [p for p in same_kv if p[0] < hq]
-        upper = [p for p in same_kv if p[0] > hq]
+        lower = [p for p in same_kv if p[0] <= hq]
+        upper = [p for p in same_kv if p[0] >= hq]
         if lower and upper:
             lo, hi = max(lower), min(upper)
-            w = (hq - lo[0]) / (hi[0] - lo[0])
-            return AttentionGrid(
-                self._blend(kind, kv_dtype, lo, hi, w, 1.0, log_x, exponent),
-                f"between ({lo[0]}, {lo[1]}) and ({hi[0]}, {hi[1]})",
-            )
+            w = 0.0 if hi == lo else (hq - lo[0]) / (hi[0] - lo[0])
+            how = (f"measured ({hq}, {hk})" if lo == hi
+                   else f"between ({lo[0]}, {lo[1]}) and ({hi[0]}, {hi[1]})")
+            return AttentionGrid(self._blend(table, lo, hi, w, work, log_x, exponent), how)
         near = min(pairs, key=lambda p: (abs(math.log(p[1] / hk)), abs(math.log(p[0] / hq))))
         ratio = hk / near[1] if kind == "decode" else hq / near[0]
         return AttentionGrid(
-            self._blend(kind, kv_dtype, near, near, 0.0, ratio, log_x, exponent),
+            self._blend(table, near, near, 0.0, ratio * work, log_x, exponent),
             f"scaled from ({near[0]}, {near[1]}) by {ratio:g} (estimate)",
         )
 
-    def _grid(self, kind: str, kv_dtype: str, hq: int, hk: int, log_x: bool,
+    def _grid(self, table: tuple[str, str, int], pair: tuple[int, int], log_x: bool,
               exponent: float) -> Grid:
-        batches, xs, values = self.attention_table(kind, kv_dtype, hq, hk)
+        kind, kv_dtype, head_dim = table
+        batches, xs, values = self.attention_table(kind, kv_dtype, *pair, head_dim)
         return _grid_from(batches, xs, values, log_x, exponent)
 
-    def _blend(self, kind: str, kv_dtype: str, a: tuple[int, int], b: tuple[int, int],
+    def _blend(self, table: tuple[str, str, int], a: tuple[int, int], b: tuple[int, int],
                w: float, scale: float, log_x: bool, exponent: float) -> Grid:
         """(1 - w)·a + w·b, with the part above the smallest time scaled by ``scale``."""
-        ba, xs, va = self.attention_table(kind, kv_dtype, *a)
-        bb, _, vb = self.attention_table(kind, kv_dtype, *b)
+        kind, kv_dtype, head_dim = table
+        ba, xs, va = self.attention_table(kind, kv_dtype, *a, head_dim)
+        bb, _, vb = self.attention_table(kind, kv_dtype, *b, head_dim)
         batches = [x for x in ba if x in bb]
         values = []
         for batch in batches:
@@ -246,6 +281,70 @@ class KernelTables:
         floor = min(v for row in values for v in row if math.isfinite(v))
         values = [[floor + (v - floor) * scale for v in row] for row in values]
         return _grid_from(batches, xs, values, log_x, exponent)
+
+    # -- fused MoE ----------------------------------------------------------------------------
+    def _read_moe(self) -> None:
+        header, rows = _read("moe.csv", self.system)
+        cols = _grid_columns(header, _PREFIX["moe"])
+        self._moe_x = [x for _, x in cols]
+        self._moe: dict[tuple[str, MoEShape, int, int], list[tuple[float, float]]] = {}
+        for r in rows:
+            dtype = r[1]
+            shape = MoEShape(int(r[3]), int(r[4]), int(r[5]), int(r[6]))
+            key = (dtype, shape, int(r[7]), int(r[8]))
+            points = [(x, _value(r[i])) for (i, _), x in zip(cols, self._moe_x, strict=True)]
+            self._moe[key] = [(x, y) for x, y in points if y > 0]
+
+    def moe_shapes(self, dtype: str) -> list[MoEShape]:
+        """The shapes measured in ``dtype`` (any MoE TP/EP)."""
+        return sorted({k[1] for k in self._moe if k[0] == dtype},
+                      key=lambda s: (s.hidden, s.inter, s.topk, s.experts))
+
+    def moe_layouts(self, dtype: str, shape: MoEShape) -> list[tuple[int, int]]:
+        """The (MoE TP, MoE EP) pairs measured for ``shape`` in ``dtype``."""
+        return sorted((k[2], k[3]) for k in self._moe if k[0] == dtype and k[1] == shape)
+
+    def moe_curve(self, dtype: str, shape: MoEShape, moe_tp: int, moe_ep: int) -> Curve | None:
+        """One rank's fused-MoE layer time (µs) by the tokens routed over all experts (linear
+        between measured token counts, proportional beyond), or None when not measured."""
+        points = self._moe.get((dtype, shape, moe_tp, moe_ep))
+        if not points:
+            return None
+        return Curve([x for x, _ in points], [y for _, y in points])
+
+    # -- MLA attention module -----------------------------------------------------------------
+    def _read_mla(self, kind: str) -> None:
+        header, rows = _read(f"mla_{kind}.csv", self.system)
+        cols = _grid_columns(header, _PREFIX[kind])
+        self._mla_x[kind] = [x for _, x in cols]
+        by: dict[tuple[str, str, str, int], list[tuple[float, list[float]]]] = {}
+        for r in rows:
+            key = (kind, r[1], r[2], int(r[3]))
+            by.setdefault(key, []).append((float(r[4]), [_value(r[i]) for i, _ in cols]))
+        for key, entries in by.items():
+            entries.sort(key=lambda e: e[0])
+            self._mla[key] = ([b for b, _ in entries], [v for _, v in entries])
+
+    def mla_heads(self, kind: str, kv_dtype: str, gemm_dtype: str) -> list[int]:
+        return sorted(k[3] for k in self._mla if k[:3] == (kind, kv_dtype, gemm_dtype))
+
+    def mla_grid(self, kind: str, kv_dtype: str, gemm_dtype: str, heads: int) -> Grid | None:
+        """DeepSeek-V3's MLA attention module time (µs) by (batch, length) at ``heads`` query
+        heads per GPU (interpolated linearly between measured head counts), or None."""
+        measured = self.mla_heads(kind, kv_dtype, gemm_dtype)
+        lower = [h for h in measured if h <= heads]
+        upper = [h for h in measured if h >= heads]
+        if not lower or not upper:
+            return None
+        lo, hi = max(lower), min(upper)
+        w = 0.0 if hi == lo else (heads - lo) / (hi - lo)
+        ba, va = self._mla[(kind, kv_dtype, gemm_dtype, lo)]
+        bb, vb = self._mla[(kind, kv_dtype, gemm_dtype, hi)]
+        batches = [b for b in ba if b in bb]
+        values = [[(1 - w) * p + w * q for p, q in
+                   zip(va[ba.index(b)], vb[bb.index(b)], strict=True)] for b in batches]
+        prefill = kind == "prefill"
+        return _grid_from(batches, self._mla_x[kind], values, prefill, 2.0 if prefill else 1.0)
 
     # -- communication ------------------------------------------------------------------------
     def has_allreduce(self, tp: int) -> bool:

@@ -9,6 +9,12 @@ bandwidth) + kernel floor`` (docs/roofline.md §1):
 * attention — one launch per layer over the batch: prefill chunks ``(q, ctx)`` cost
   ``4·H/tp·d·q·(ctx + (q+1)/2)`` FLOPs and read their KV; decodes read ``ctx + 1`` tokens of KV;
 * LM head — only for the rows that sample this step;
+* mixture of experts — the experts a batch touches (``sim/cost/moe.py``) read their weights
+  and run their rows; MoE layers are sharded over TP × DP (whole experts under expert
+  parallelism, slices otherwise) and with DP > 1 the DP ranks' tokens come to every rank (a
+  ring all-gather and reduce-scatter of their hidden states);
+* MLA — the projections as GEMMs and attention over the latent cache (``ModelSpec``'s KV
+  bytes); sliding-window layers attend to at most the window;
 * tensor parallelism — two ring all-reduces of ``T·hidden`` activations per layer;
 * fixed overheads — per step (launch/graph replay, sampling set-up) and per scheduled request.
 
@@ -24,6 +30,8 @@ from dataclasses import dataclass
 from engine.core.config import ConfigError
 from engine.core.interfaces import StepTime
 from engine.core.outputs import BatchShape
+from sim.cost.attention import mla_projection_shapes
+from sim.cost.moe import touched_experts
 from sim.hardware import GPUSpec
 from sim.models import ModelSpec, check_tensor_parallel
 
@@ -78,6 +86,9 @@ class RooflineCostModel:
         gpu: GPUSpec,
         tensor_parallel_size: int = 1,
         params: RooflineParams | None = None,
+        *,
+        expert_parallel: bool = False,
+        data_parallel_size: int = 1,
     ) -> None:
         self.model = model
         self.gpu = gpu
@@ -93,17 +104,30 @@ class RooflineCostModel:
         )
         self._bw = gpu.memory_bw_bytes_s * gpu.memory_efficiency
         hq, hkv, d = m.num_heads, m.num_kv_heads, m.head_dim
-        h, f = m.hidden_size, m.intermediate_size
+        h = m.hidden_size
+        f = m.dense_intermediate_size if m.is_moe else m.intermediate_size
         # (in_features, out_features) of each GEMM of a layer, per TP rank.
-        self._gemms = (
+        self._gemms: tuple[tuple[float, float], ...] = (
             (h, (hq + 2 * hkv) * d / tp),  # QKV
             (hq * d / tp, h),  # O
             (h, 2 * f / tp),  # gate + up (one fused GEMM in vLLM)
             (f / tp, h),  # down
         )
-        self._expert_gemms = 2  # gate+up and down are per expert
-        self._kv_bytes_token_layer = 2 * max(hkv / tp, 1) * d * m.kv_bytes  # K and V, 1 token
+        if m.is_mla:
+            mla = mla_projection_shapes(m, tp)
+            self._gemms = (*((k, n) for n, k in mla["gemm.qkv"] + mla["gemm.o"]),
+                           *self._gemms[2:])
+        self._attn_gemms = len(self._gemms) - 2
+        self._dp = data_parallel_size
+        world = tp * data_parallel_size  # vLLM shards MoE layers over TP × DP
+        self._ep = world if expert_parallel else 1
+        fe = m.intermediate_size / (1 if expert_parallel else world)
+        self._expert_gemms = ((h, 2 * fe), (fe, h))  # per expert: gate+up and down
+        shared = m.shared_expert_intermediate_size / tp
+        self._shared_gemms = ((h, 2 * shared), (shared, h)) if shared else ()
+        self._kv_bytes_token_layer = m.kv_bytes_per_token_layer(tp)  # one token, one layer
         self._q_heads = hq / tp
+        self._qk_dim = m.q_head_dim + (m.v_head_dim if m.is_mla else m.head_dim)
         self._weight_bytes = w
         # Memoised per-token-count terms (pure functions of their argument).
         self._linear_memo: dict[int, float] = {}
@@ -134,29 +158,54 @@ class RooflineCostModel:
         bytes_ = self.gemm_bytes(tokens, k, n, num_copies)
         return max(flops / self._flops_s, bytes_ / self._bw) + self.params.kernel_floor_s
 
-    def _linear_layer_time(self, tokens: int) -> float:
-        m = self.model
+    def _layer_time(self, tokens: int, moe: bool) -> float:
+        """One layer's GEMMs: attention projections, then the dense MLP or the MoE layer."""
         total = 0.0
-        for i, (k, n) in enumerate(self._gemms):
-            if i >= 2 and m.num_experts > 1:
-                # Each token runs through top-k experts; weights of the experts touched are read.
-                touched = min(m.num_experts, tokens * m.num_experts_per_token)
-                routed = tokens * m.num_experts_per_token
-                total += self._gemm_time(routed, k, n, num_copies=touched)
-            else:
+        for k, n in self._gemms[: self._attn_gemms]:
+            total += self._gemm_time(tokens, k, n)
+        if not moe:
+            for k, n in self._gemms[self._attn_gemms :]:
                 total += self._gemm_time(tokens, k, n)
+            return total
+        m = self.model
+        # each token runs through top-k experts; the touched experts of this rank read weights
+        routed_tokens = tokens * self._dp  # every DP rank's tokens reach this rank
+        touched = touched_experts(m.num_experts, m.num_experts_per_token, routed_tokens)
+        touched = max(touched / self._ep, 1.0)
+        rows = routed_tokens * m.num_experts_per_token / self._ep
+        for k, n in self._expert_gemms:
+            total += self._gemm_time(rows, k, n, num_copies=touched)
+        for k, n in self._shared_gemms:
+            total += self._gemm_time(tokens, k, n)
+        total += self._gemm_time(tokens, m.hidden_size, m.num_experts)  # router
         return total
 
-    def _attention_layer_time(self, shape: BatchShape) -> float:
-        d, hq = self.model.head_dim, self._q_heads
+    def _linear_layer_time(self, tokens: int) -> float:
+        """Every layer's GEMMs of a step (dense layers, then MoE layers)."""
+        m = self.model
+        dense = m.num_layers - m.num_moe_layers
+        total = dense * self._layer_time(tokens, False) if dense else 0.0
+        if m.num_moe_layers:
+            total += m.num_moe_layers * self._layer_time(tokens, True)
+        return total
+
+    def _attention_layer_time(self, shape: BatchShape, window: int = 0) -> float:
+        """One layer's attention; ``window`` > 0: a sliding layer (keys capped there)."""
+        d, hq = self._qk_dim / 2.0, self._q_heads
         flops = 0.0
         kv_bytes = 0.0
         for q, ctx in zip(shape.prefill_query_lens, shape.prefill_context_lens, strict=True):
-            flops += 4.0 * hq * d * q * (ctx + (q + 1) / 2.0)
-            kv_bytes += (ctx + q) * self._kv_bytes_token_layer
+            keys = ctx + (q + 1) / 2.0
+            if window and keys > window:
+                keys = float(window)
+            flops += 4.0 * hq * d * q * keys
+            read = ctx + q if not window else min(ctx + q, window + q)
+            kv_bytes += read * self._kv_bytes_token_layer
         n_dec = shape.num_decode_reqs
         if n_dec:
             kv_tokens = shape.decode_context_sum + n_dec
+            if window:
+                kv_tokens = min(kv_tokens, n_dec * (window + 1))
             flops += 4.0 * hq * d * kv_tokens
             kv_bytes += kv_tokens * self._kv_bytes_token_layer
         if flops == 0.0:
@@ -166,9 +215,28 @@ class RooflineCostModel:
             self.params.kernel_floor_s
         )
 
+    def _attention_time(self, shape: BatchShape) -> float:
+        m = self.model
+        full = m.num_layers - m.num_sliding_layers
+        total = full * self._attention_layer_time(shape)
+        if m.num_sliding_layers:
+            total += m.num_sliding_layers * self._attention_layer_time(shape, m.sliding_window)
+        return total
+
     def _lm_head_time(self, rows: int) -> float:
         tp = self.tensor_parallel_size
         return self._gemm_time(rows, self.model.hidden_size, self.model.vocab_size / tp)
+
+    def _ep_comm_time(self, tokens: int) -> float:
+        """Dispatch and combine of every MoE layer over the DP ranks (DP > 1): a ring
+        all-gather of their hidden states and a reduce-scatter back, over TP × DP."""
+        if not self.model.is_moe or self._dp <= 1 or tokens == 0:
+            return 0.0
+        p, gpu = self.tensor_parallel_size * self._dp, self.gpu
+        nbytes = tokens * self._dp * self.model.hidden_size * self.params.activation_bytes
+        one = (p - 1) / p * nbytes / (gpu.link_bw_bytes_s * gpu.allreduce_efficiency) + (
+            gpu.allreduce_latency_s)
+        return self.model.num_moe_layers * 2 * one
 
     def _allreduce_time(self, tokens: int) -> float:
         tp = self.tensor_parallel_size
@@ -188,16 +256,17 @@ class RooflineCostModel:
         t = shape.num_tokens
         linear = self._linear_memo.get(t)
         if linear is None:
-            linear = self._linear_memo[t] = layers * self._linear_layer_time(t)
+            linear = self._linear_memo[t] = self._linear_layer_time(t)
         rows = shape.num_sampling_reqs
         lm_head = self._lm_head_memo.get(rows)
         if lm_head is None:
             lm_head = self._lm_head_memo[rows] = self._lm_head_time(rows)
         linear += lm_head
-        attention = layers * self._attention_layer_time(shape)
+        attention = self._attention_time(shape)
         comm = self._comm_memo.get(t)
         if comm is None:
-            comm = self._comm_memo[t] = layers * 2 * self._allreduce_time(t)
+            comm = self._comm_memo[t] = layers * 2 * self._allreduce_time(t) + (
+                self._ep_comm_time(t))
         overhead = self.params.step_overhead_s + self.params.per_request_overhead_s * shape.num_reqs
         return StepTime(
             total_s=linear + attention + comm + overhead,
@@ -215,21 +284,18 @@ class RooflineCostModel:
         layers = self.model.num_layers
         linear = self._linear_memo.get(num_reqs)
         if linear is None:
-            linear = self._linear_memo[num_reqs] = layers * self._linear_layer_time(num_reqs)
+            linear = self._linear_memo[num_reqs] = self._linear_layer_time(num_reqs)
         lm_head = self._lm_head_memo.get(num_reqs)
         if lm_head is None:
             lm_head = self._lm_head_memo[num_reqs] = self._lm_head_time(num_reqs)
         linear += lm_head
-        d, hq = self.model.head_dim, self._q_heads
-        kv_tokens = context_sum + num_reqs
-        flops = 4.0 * hq * d * kv_tokens
-        io_bytes = 2.0 * num_reqs * hq * d * self.params.activation_bytes
-        mem = (kv_tokens * self._kv_bytes_token_layer + io_bytes) / self._bw
-        attn = max(flops / self._attn_flops_s, mem) + self.params.kernel_floor_s
-        attention = layers * attn
+        shape = BatchShape(num_reqs, num_reqs, (), (), num_reqs, context_sum, context_max,
+                           num_reqs)
+        attention = self._attention_time(shape)
         comm = self._comm_memo.get(num_reqs)
         if comm is None:
-            comm = self._comm_memo[num_reqs] = layers * 2 * self._allreduce_time(num_reqs)
+            comm = self._comm_memo[num_reqs] = layers * 2 * self._allreduce_time(num_reqs) + (
+                self._ep_comm_time(num_reqs))
         overhead = self.params.step_overhead_s + self.params.per_request_overhead_s * num_reqs
         return linear + attention + comm + overhead
 

@@ -10,18 +10,20 @@ fitted element-wise model (``sim/cost/elementwise.py``):
 
 * ``gemm.qkv`` / ``gemm.o`` / ``gemm.gate_up`` / ``gemm.down`` — the layer's four GEMMs on the
   padded token count, bf16 or fp8 (W8A8) tables: tile and wave steps are in the data;
-* ``attention.decode`` — the decodes' attention (FlashAttention-3 on Hopper, split-KV regime
-  for long contexts) at the batch and mean context, at least the longest context's alone;
-* ``attention.prefill`` — the prefill chunks as ``P`` equal-FLOP sequences of
-  ``sqrt(Σ q·(q + 2c) / P)`` tokens, at least the time to read their KV; one call with the
-  decodes (one kernel floor saved);
+* ``attention.decode`` / ``attention.prefill`` — the decodes' and the prefill chunks'
+  attention (``sim/cost/attention.py``: GQA with full or sliding-window layers, or DeepSeek's
+  MLA — its measured attention module, projections included, where the GPU has it);
 * ``kv_cache_write``, ``norm.add_rmsnorm`` (2 per layer; fused into the all-reduce at TP > 1 on
   Hopper/Blackwell), ``rotary``, ``silu_and_mul``, ``embedding``, ``norm.final`` — bytes moved
   over the fitted element-wise bandwidth;
 * ``allreduce`` — 2 per layer + 1 (embedding) at TP > 1, measured by size, graph or eager;
 * ``lm_head``, ``logits_gather`` (TP > 1), ``sampler`` — on the rows that sample.
-* ``moe.router`` / ``moe.experts`` replace gate_up/down for mixture-of-experts models: the
-  touched experts' GEMMs from the dense tables (an estimate until fused-MoE tables are used).
+* mixture-of-experts layers (``sim/cost/moe.py``): ``moe.router`` (the gate GEMM),
+  ``moe.experts`` (the fused-experts kernel: measured tables by shape and MoE TP/EP, or the
+  touched experts' dense GEMMs × the measured grouped-GEMM efficiency), ``moe.shared_experts``
+  (DeepSeek's and Qwen2-MoE's always-on experts), ``moe.dispatch`` (expert-parallel
+  dispatch/combine over the DP ranks); ``gemm.gate_up``/``gemm.down`` then price only the
+  dense layers (DeepSeek's first ones).
 
 The host side (``sim/cost/host.py``): ``StepTime.host_s`` is the worker's input preparation
 before the first kernel, ``StepTime.launch_s`` the time to launch the step; the device cannot
@@ -36,13 +38,13 @@ to ``step_time(...).total_s`` of the same decode step.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Final
 
 from engine.core.config import ConfigError
 from engine.core.interfaces import StepTime
 from engine.core.outputs import BatchShape
+from sim.cost.attention import AttentionCost, mla_projection_shapes
 from sim.cost.comm import TensorParallelComm, fused_norm_max_bytes
 from sim.cost.cuda_graphs import (
     EAGER,
@@ -53,8 +55,9 @@ from sim.cost.cuda_graphs import (
 )
 from sim.cost.elementwise import fit_for
 from sim.cost.host import HostCosts, launch_s
-from sim.cost.interp import Curve, Grid
+from sim.cost.interp import Curve
 from sim.cost.kernel_tables import KernelTables, load_tables
+from sim.cost.moe import MoECost, MoELayout
 from sim.hardware import GPUSpec
 from sim.models import ModelSpec, check_tensor_parallel
 
@@ -66,6 +69,8 @@ TERM_NAMES: Final = (
     "gemm.down",
     "moe.router",
     "moe.experts",
+    "moe.shared_experts",
+    "moe.dispatch",
     "attention.decode",
     "attention.prefill",
     "kv_cache_write",
@@ -82,10 +87,11 @@ TERM_NAMES: Final = (
 )
 #: The breakdown's groups (``StepTime.linear_s`` etc.) by term.
 LINEAR_TERMS: Final = frozenset(
-    {"gemm.qkv", "gemm.o", "gemm.gate_up", "gemm.down", "moe.router", "moe.experts", "lm_head"}
+    {"gemm.qkv", "gemm.o", "gemm.gate_up", "gemm.down", "moe.router", "moe.experts",
+     "moe.shared_experts", "lm_head"}
 )
 ATTENTION_TERMS: Final = frozenset({"attention.decode", "attention.prefill"})
-COMM_TERMS: Final = frozenset({"allreduce", "logits_gather"})
+COMM_TERMS: Final = frozenset({"allreduce", "logits_gather", "moe.dispatch"})
 
 ACTIVATION_BYTES: Final = 2  # bf16 activations
 WEIGHT_DTYPES: Final = ("bfloat16", "fp8")
@@ -167,6 +173,9 @@ class VllmStepCostModel:
         kv_cache_dtype: str = "bfloat16",
         graphs: CudaGraphPlan | None = None,
         host: HostCosts | None = None,
+        data_parallel_size: int = 1,
+        expert_parallel: bool = False,
+        all2all_backend: str = "allgather_reducescatter",
     ) -> None:
         tp = tensor_parallel_size
         check_tensor_parallel(model, tp)
@@ -198,9 +207,18 @@ class VllmStepCostModel:
         self._layers = model.num_layers
         self._hq = model.num_heads // tp
         self._hk = max(model.num_kv_heads // tp, 1)
-        self._ff = model.intermediate_size // tp
+        self._dense_layers = model.num_layers - model.num_moe_layers
+        dense_width = model.dense_intermediate_size if model.is_moe else model.intermediate_size
+        self._ff = dense_width // tp
+        self.moe_layout = MoELayout(tp, data_parallel_size, expert_parallel, all2all_backend)
+        if model.is_mla:  # the latent (+ shared rope key) per token; rope on q's rope part and k
+            self._kv_elems = model.kv_lora_rank + model.qk_rope_head_dim
+            self._rope_elems = (self._hq + 1) * model.qk_rope_head_dim
+        else:
+            self._kv_elems = 2 * self._hk * model.head_dim
+            self._rope_elems = (self._hq + self._hk) * model.head_dim
+        self.attention = AttentionCost(model, tables, tp, kv_cache_dtype, weight_dtype)
         self._set_up_gemms(tables)
-        self._set_up_attention(tables)
         self.comm = TensorParallelComm(tables, tp)
         self._fused_norm_bytes = fused_norm_max_bytes(gpu.sm_version, tp)
         ew = fit_for(gpu.name)
@@ -215,60 +233,57 @@ class VllmStepCostModel:
 
     # -- set-up ---------------------------------------------------------------------------------
     def _set_up_gemms(self, tables: KernelTables) -> None:
+        """The GEMM curves of one layer: attention projections (GQA's QKV and O, or MLA's
+        projections unless its measured module prices them), the dense MLP, the MoE layer."""
         m, d, h = self.model, self.model.head_dim, self.model.hidden_size
         w = self.weight_dtype
         if not tables.has_gemm(w):
             raise ConfigError(f"no measured {w} GEMMs for {self.gpu.name}")
-        self._gemm_shapes: dict[str, tuple[float, float]] = {
-            "gemm.qkv": (float((self._hq + 2 * self._hk) * d), float(h)),
-            "gemm.o": (float(h), float(self._hq * d)),
-            "gemm.gate_up": (float(2 * self._ff), float(h)),
-            "gemm.down": (float(h), float(self._ff)),
+        tp = self.tensor_parallel_size
+        shapes: dict[str, list[tuple[float, float]]] = {}
+        if m.is_mla:
+            if not self.attention.mla_module:
+                shapes.update(mla_projection_shapes(m, tp))
+        else:
+            shapes["gemm.qkv"] = [(float((self._hq + 2 * self._hk) * d), float(h))]
+            shapes["gemm.o"] = [(float(h), float(self._hq * d))]
+        if self._dense_layers:
+            shapes["gemm.gate_up"] = [(float(2 * self._ff), float(h))]
+            shapes["gemm.down"] = [(float(h), float(self._ff))]
+        self._gemm_shapes = shapes
+        self._gemm: dict[str, list[Curve]] = {
+            name: [tables.gemm_curve(w, n, k) for n, k in nk] for name, nk in shapes.items()
         }
-        self._gemm: dict[str, Curve] = {
-            name: tables.gemm_curve(w, n, k) for name, (n, k) in self._gemm_shapes.items()
-        }
-        self._moe = m.num_experts > 1
+        self._moe = m.is_moe
         if self._moe:
             self._router = tables.gemm_curve("bfloat16", float(m.num_experts), float(h))
-        self._lm_head = tables.gemm_curve("bfloat16", m.vocab_size / self.tensor_parallel_size,
-                                          float(h))
-
-    def _set_up_attention(self, tables: KernelTables) -> None:
-        kv = self.kv_cache_dtype
-        self._kv_len_scale = 1.0
-        if not tables.has_attention("decode", kv):
-            # no fp8-KV rows (e.g. A100): half the bytes ≈ the bf16 kernel at half the length
-            kv = "bfloat16"
-            self._kv_len_scale = 0.5
-        dec = tables.attention_grid("decode", kv, self._hq, self._hk)
-        kv_pre = kv if tables.has_attention("prefill", kv) else "bfloat16"
-        pre = tables.attention_grid("prefill", kv_pre, self._hq, self._hk)
-        self._dec: Grid = dec.grid
-        self._pre: Grid = pre.grid
-        self.decode_source = f"{dec.how} heads, {kv} KV" + (
-            " (fp8 KV estimated as bf16 at half the length)" if self._kv_len_scale < 1 else ""
-        )
-        self.prefill_source = f"{pre.how} heads, {kv_pre} KV"
-        # one varlen call serves decodes and prefill chunks together: one floor saved
-        self._attn_floor_us = min(self._dec.at(1.0, 2.0), self._pre.at(1.0, 1.0))
+            self.moe = MoECost(m, tables, self.moe_layout, w)
+            shared = m.shared_expert_intermediate_size / tp
+            self._shared = [tables.gemm_curve(w, 2 * shared, float(h)),
+                            tables.gemm_curve(w, float(h), shared)] if shared else []
+        self._lm_head = tables.gemm_curve("bfloat16", m.vocab_size / tp, float(h))
 
     # -- kernels --------------------------------------------------------------------------------
     def _elementwise(self, nbytes: float) -> float:
         return nbytes / self._ew_bw + self._ew_floor
 
     def _gemm_s(self, name: str, tokens: float) -> float:
-        return self._gemm[name].at(tokens) * 1e-6
+        curves = self._gemm.get(name)
+        if curves is None:
+            return 0.0
+        return sum(c.at(tokens) for c in curves) * 1e-6
 
-    def _experts_s(self, tokens: int) -> tuple[float, float]:
-        """(router, experts) of a mixture-of-experts layer: each touched expert runs gate+up
-        and down on its share of the routed rows (dense GEMM tables; an estimate)."""
-        m = self.model
-        routed = tokens * m.num_experts_per_token
-        touched = min(m.num_experts, routed)
-        rows = routed / touched
-        experts = touched * (self._gemm_s("gemm.gate_up", rows) + self._gemm_s("gemm.down", rows))
-        return self._router.at(tokens) * 1e-6, experts
+    def _moe_terms(self, tokens: int, padded: float) -> list[tuple[str, float]]:
+        """The MoE layers' terms: router and shared experts on the padded rows (inside the
+        graph), the fused experts and the dispatch on the real tokens."""
+        layers = self.model.num_moe_layers
+        shared = sum(c.at(padded) for c in self._shared) * 1e-6
+        return [
+            ("moe.router", layers * self._router.at(padded) * 1e-6),
+            ("moe.experts", layers * self.moe.experts_s(tokens)),
+            ("moe.shared_experts", layers * shared),
+            ("moe.dispatch", layers * self.moe.dispatch_s(tokens)),
+        ]
 
     def _dense(self, num_tokens: int, uniform_decode: bool) -> _Dense:
         """The step's token-count-dependent kernels (all layers), memoised."""
@@ -277,25 +292,25 @@ class VllmStepCostModel:
         if got is not None:
             return got
         mode, padded = self.graphs.dispatch(num_tokens, uniform_decode)
-        L, h, d, a = self._layers, self.model.hidden_size, self.model.head_dim, ACTIVATION_BYTES
+        L, h, a = self._layers, self.model.hidden_size, ACTIVATION_BYTES
         tp = float(padded)
-        hq, hk = self._hq, self._hk
         ew = self._elementwise
+        dense = self._dense_layers
         terms: list[tuple[str, float]] = [
             ("gemm.qkv", L * self._gemm_s("gemm.qkv", tp)),
             ("gemm.o", L * self._gemm_s("gemm.o", tp)),
+            ("gemm.gate_up", dense * self._gemm_s("gemm.gate_up", tp)),
+            ("gemm.down", dense * self._gemm_s("gemm.down", tp)),
         ]
+        shared_act = 0.0
         if self._moe:
-            router, experts = self._experts_s(padded)
-            terms += [("moe.router", L * router), ("moe.experts", L * experts)]
-        else:
-            terms += [
-                ("gemm.gate_up", L * self._gemm_s("gemm.gate_up", tp)),
-                ("gemm.down", L * self._gemm_s("gemm.down", tp)),
-            ]
+            terms += self._moe_terms(padded, tp)
+            if self._shared:  # the shared experts' SiLU-and-mul (routed ones: in the kernel)
+                width = self.model.shared_expert_intermediate_size / self.tensor_parallel_size
+                shared_act = self.model.num_moe_layers * ew(3 * tp * width * a)
         # the KV-cache update runs in the FULL graph on the padded rows, eagerly on the real ones
         kv_rows = tp if mode == FULL else float(num_tokens)
-        kv_write = ew(kv_rows * 2 * hk * d * (a + self._kv_elem_bytes))
+        kv_write = ew(kv_rows * self._kv_elems * (a + self._kv_elem_bytes))
         message = tp * h * a
         tp_size = self.tensor_parallel_size
         num_norms = 2 * L
@@ -311,8 +326,8 @@ class VllmStepCostModel:
         terms += [
             ("kv_cache_write", L * kv_write),
             ("norm.add_rmsnorm", num_norms * ew(4 * tp * h * a)),
-            ("rotary", L * ew(2 * tp * (hq + hk) * d * a)),
-            ("silu_and_mul", L * ew(3 * tp * self._ff * a)),
+            ("rotary", L * ew(2 * tp * self._rope_elems * a)),
+            ("silu_and_mul", dense * ew(3 * tp * self._ff * a) + shared_act),
             ("allreduce", allreduce),
             ("embedding", ew(2 * tp * h * a)),
             ("norm.final", final_norm),
@@ -338,28 +353,6 @@ class VllmStepCostModel:
         self._head[rows] = got
         return got
 
-    def _decode_attention(self, num_reqs: int, context_sum: int, context_max: int) -> float:
-        """Attention of ``num_reqs`` decodes (all layers): the batch at its mean context, no
-        faster than its longest context alone."""
-        scale = self._kv_len_scale
-        mean_kv = (context_sum / num_reqs + 1.0) * scale
-        t = self._dec.at(float(num_reqs), mean_kv)
-        longest = self._dec.at(1.0, (context_max + 1.0) * scale)
-        return self._layers * (t if t > longest else longest) * 1e-6
-
-    def _prefill_attention(self, shape: BatchShape) -> float:
-        """Attention of the prefill chunks (all layers): ``P`` equal-FLOP sequences, no faster
-        than reading their KV."""
-        work = 0.0
-        kv = 0
-        for q, c in zip(shape.prefill_query_lens, shape.prefill_context_lens, strict=True):
-            work += q * (q + 2.0 * c)
-            kv += q + c
-        p = float(len(shape.prefill_query_lens))
-        t = self._pre.at(p, math.sqrt(work / p))
-        read = self._dec.at(p, kv / p * self._kv_len_scale)
-        return self._layers * (t if t > read else read) * 1e-6
-
     # -- the protocol ---------------------------------------------------------------------------
     def step_time(self, shape: BatchShape) -> StepTime:
         n = shape.num_tokens
@@ -370,17 +363,17 @@ class VllmStepCostModel:
         head = self._head_part(shape.num_sampling_reqs)
         decode = 0.0
         if shape.num_decode_reqs:
-            decode = self._decode_attention(
+            decode = self.attention.decode_s(
                 shape.num_decode_reqs, shape.decode_context_sum, shape.decode_context_max
             )
         if uniform:
             attention = decode
             prefill = 0.0
         else:
-            prefill = self._prefill_attention(shape)
+            prefill = self.attention.prefill_s(shape)
             attention = prefill + decode
             if shape.num_decode_reqs:
-                attention -= self._layers * self._attn_floor_us * 1e-6
+                attention -= self._layers * self.attention.floor_us * 1e-6
         kernels = dense.kernels_s + attention + head.total_s
         launch = dense.launch_s
         total = kernels if kernels > launch else launch
@@ -413,7 +406,7 @@ class VllmStepCostModel:
         head = self._head.get(num_reqs)
         if head is None:
             head = self._head_part(num_reqs)
-        attention = self._decode_attention(num_reqs, context_sum, context_max)
+        attention = self.attention.decode_s(num_reqs, context_sum, context_max)
         kernels = dense.kernels_s + attention + head.total_s
         launch = dense.launch_s
         return kernels if kernels > launch else launch
@@ -446,23 +439,33 @@ class VllmStepCostModel:
         out: dict[str, str] = {}
         gemm_src = src.get(("gemm", self.weight_dtype))
         version = f"vLLM {gemm_src.version} " if gemm_src is not None else ""
-        for name, (n, k) in self._gemm_shapes.items():
-            out[name] = (f"{L} × {self.weight_dtype} GEMM m={padded} n={n:g} k={k:g} "
+        m = self.model
+        for name, shapes in self._gemm_shapes.items():
+            count = self._dense_layers if name in ("gemm.gate_up", "gemm.down") else L
+            dims = " + ".join(f"n={n:g} k={k:g}" for n, k in shapes)
+            out[name] = (f"{count} × {self.weight_dtype} GEMM m={padded} {dims} "
                          f"({version}{sys_} table)")
+        if m.is_mla and self.attention.mla_module:
+            out["gemm.qkv"] = out["gemm.o"] = "in the measured MLA module (attention terms)"
         if self._moe:
-            e = self.model.num_experts
-            out["moe.router"] = f"{L} × bf16 GEMM m={padded} n={e} k={self.model.hidden_size}"
-            top = self.model.num_experts_per_token
-            out["moe.experts"] = (f"{L} × touched experts of {e} (top-{top}) gate_up + down, "
-                                  "dense GEMM tables (estimate)")
+            e, lm = m.num_experts, m.num_moe_layers
+            out["moe.router"] = f"{lm} × bf16 GEMM m={padded} n={e} k={m.hidden_size}"
+            touched = self.moe.touched_local_experts(padded)
+            out["moe.experts"] = (
+                f"{lm} × top-{m.num_experts_per_token} of {e} experts, {touched:.1f} of "
+                f"{e / self.moe_layout.ep_size:g} local experts touched; {self.moe.source}")
+            if self._shared:
+                out["moe.shared_experts"] = (f"{lm} × dense GEMMs, width "
+                                             f"{m.shared_expert_intermediate_size}")
+            out["moe.dispatch"] = f"{lm} × {self.moe.comm_source}"
         dec = self.tables.sources.get(("attn_decode", self.kv_cache_dtype))
         kernel = f", {dec.kernel} vLLM {dec.version}" if dec is not None else ""
         mean = shape.decode_context_sum / max(shape.num_decode_reqs, 1)
         out["attention.decode"] = (f"{L} × {shape.num_decode_reqs} decodes at mean context "
-                                   f"{mean:.0f}; {self.decode_source}{kernel}")
+                                   f"{mean:.0f}; {self.attention.decode_source}{kernel}")
         out["attention.prefill"] = (f"{L} × {shape.num_prefill_reqs} chunks "
                                     f"({sum(shape.prefill_query_lens)} tokens); "
-                                    f"{self.prefill_source}")
+                                    f"{self.attention.prefill_source}")
         ew = (f"bytes / ({self._ew_bw / self.gpu.memory_bw_bytes_s:.3f} × "
               f"{self.gpu.memory_bw_tbps:g} TB/s) + {self._ew_floor * 1e6:.2f} µs")
         for name in ("kv_cache_write", "rotary", "silu_and_mul"):

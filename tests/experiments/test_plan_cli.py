@@ -40,7 +40,7 @@ def test_plan_writes_ranked_outputs(tmp_path: Path, capsys: pytest.CaptureFixtur
     (["--knob", "max_num_seqs"], "invalid --knob"),
     (["--gpu-price", "b200=9"], "--gpu-price for GPU(s) not planned: b200"),
     (["--attainment", "0"], "attainment must be in (0, 1]"),
-    (["--gpus", "b200"], "unknown GPU 'b200'; valid: a100-80gb, h100-sxm, h200-sxm"),
+    (["--gpus", "tpu-v5"], "unknown GPU 'tpu-v5'; valid: a100-40gb, a100-80gb, b200"),
     (["--tp", "3"], "TP sizes must be powers of two, got [3]"),
     (["--target-rate", "inf"], "target rate must be a finite number > 0, got inf"),
     (["--top", "0"], "--top must be >= 1, got 0"),

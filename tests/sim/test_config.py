@@ -80,8 +80,10 @@ def test_dict_round_trip_and_unknown_keys() -> None:
 @pytest.mark.parametrize(
     ("argv", "match"),
     [
-        (["--model", "gpt-5"], "unknown model 'gpt-5'; valid: meta-llama/Llama-3.1-8B"),
-        (["--gpu", "tpu"], "unknown GPU 'tpu'; valid: a100-80gb, h100-sxm, h200-sxm"),
+        (["--model", "gpt-5"],
+         r"unknown model 'gpt-5'; valid: .*meta-llama/Llama-3\.1-8B.*or a path to a config"),
+        (["--gpu", "tpu"],
+         "unknown GPU 'tpu'; valid: a100-40gb, a100-80gb, b200, gb200, h100-pcie, h100-sxm"),
         (["--request-rate", "-2"], "request_rate must be > 0"),
         (["--dataset-path", "nope.csv"], "trace file 'nope.csv' not found"),
         (["--num-gpu-blocks-override", "10", "--max-model-len", "4096"], "needs 256 KV blocks"),

@@ -8,7 +8,7 @@ from engine.core.config import ConfigError
 from engine.core.outputs import BatchShape
 from sim.cost.roofline import RooflineCostModel
 from sim.hardware import get_gpu
-from sim.models import get_model
+from sim.model_catalog import get_model
 
 LLAMA8B = get_model("meta-llama/Llama-3.1-8B")
 H100 = get_gpu("h100-sxm")

@@ -19,7 +19,7 @@ from sim.cost.host import HostCosts
 from sim.cost.kernel_tables import load_tables
 from sim.cost.vllm_step import TERM_NAMES, VllmStepCostModel
 from sim.hardware import get_gpu
-from sim.models import get_model
+from sim.model_catalog import get_model
 from sim.runtime import make_cost_model
 
 H100, H200, A100 = get_gpu("h100-sxm"), get_gpu("h200-sxm"), get_gpu("a100-80gb")

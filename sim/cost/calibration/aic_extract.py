@@ -17,9 +17,12 @@ Tables (``sim/data/kernels/aiconfigurator/``):
   column per token count m (``m<M>_us``); y[m, n] = x[m, k] · W[k, n] (n output features).
 * ``attn_prefill.csv`` — wide: gpu, kv_dtype, head_dim, num_heads, num_kv_heads (per GPU),
   batch, then ``isl<S>_us``: ``batch`` sequences of S tokens prefilled from an empty cache in
-  one attention call.
+  one attention call (full attention: a sliding window is priced as full attention over at
+  most the window, ``sim/cost/vllm_step.py``).
 * ``attn_decode.csv`` — wide: same keys, then ``kv<L>_us``: ``batch`` decodes, each attending
   to L keys (the database's ``step`` + 1).
+* ``moe.csv``, ``mla_decode.csv``, ``mla_prefill.csv`` — the fused-MoE layer and DeepSeek's MLA
+  attention module (``sim/cost/calibration/aic_moe_mla.py``).
 * ``allreduce.csv`` — long: gpu, impl (``vllm_graph`` / ``vllm_eager``: vLLM's
   ``tensor_model_parallel_all_reduce`` captured in a CUDA graph / eager; ``nccl``), version,
   tp, elements, bytes (bf16/fp16: 2 per element), latency_us.
@@ -35,16 +38,17 @@ from __future__ import annotations
 
 import argparse
 import glob
-import os
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
+from sim.cost.calibration.aic_io import Writer, pick, vkey, wide
+from sim.cost.calibration.aic_moe_mla import extract_mla, extract_moe
+
 OUT = Path(__file__).resolve().parents[2] / "data" / "kernels" / "aiconfigurator"
-DEFAULT_GPUS = ("a100_sxm", "h100_sxm", "h200_sxm", "b200_sxm", "l40s")
+DEFAULT_GPUS = ("a100_sxm", "h100_sxm", "h200_sxm", "b200_sxm", "gb200", "l40s")
 
 # -- grids kept (intersected with what each GPU's table holds) ----------------------------------
 #: Token counts: every CUDA-graph tile boundary pair up to 257 (the padded decode sizes), then
@@ -65,17 +69,12 @@ ATTN_PAIRS = (
     (96, 8), (16, 16), (32, 32), (64, 64),
 )
 ATTN_HEAD_DIM = 128
+#: gpt-oss's attention (head_dim 64, 64 query / 8 KV heads) at TP 1-8.
+ATTN_PAIRS_64 = ((64, 8), (32, 4), (16, 2), (8, 1))
 
 
 def _aic_root() -> Path:
     return Path(str(resources.files("aiconfigurator_core"))) / "systems"
-
-
-def sig4(x: float) -> float:
-    """Round to 4 significant digits (the tables' precision)."""
-    if not np.isfinite(x) or x == 0:
-        return x
-    return float(f"{x:.4g}")
 
 
 def versions(root: Path) -> dict[str, str]:
@@ -87,67 +86,6 @@ def versions(root: Path) -> dict[str, str]:
         if per.get("vllm"):
             out[gpu] = per["vllm"]["current"]
     return out
-
-
-def vkey(v: str) -> tuple[int, ...]:
-    return tuple(int(p) if p.isdigit() else -1 for p in v.split("."))
-
-
-def pick(data: Path, gpu: str, op: str, fname: str, version: str,
-         newest_not_after: bool = False) -> tuple[str, str] | None:
-    """(path, version) of a vLLM table: the exact version, or (comm) the newest not newer."""
-    cands = sorted(glob.glob(str(data / gpu / op / "vllm" / "*" / fname)))
-    if not cands:
-        return None
-    by_v = {Path(c).parent.name: c for c in cands}
-    if version in by_v:
-        return by_v[version], version
-    if newest_not_after:
-        ok = [v for v in by_v if vkey(v) <= vkey(version)] or list(by_v)
-        v = max(ok, key=vkey)
-        return by_v[v], v
-    return None
-
-
-def wide(df: Any, index: list[str], col: str, prefix: str) -> Any:
-    t = df.pivot_table(index=index, columns=col, values="latency_us", aggfunc="median")
-    t.columns = [f"{prefix}{int(c)}_us" for c in t.columns]
-    return t.reset_index()
-
-
-class Writer:
-    """Collects table parts and their provenance, writes them at the end."""
-
-    def __init__(self, out: Path, root: Path) -> None:
-        self.out = out
-        self.root = root
-        self.tables: dict[str, list[Any]] = {}
-        self.coverage: list[dict[str, Any]] = []
-
-    def rel(self, path: str) -> str:
-        return "aiconfigurator_core/" + os.path.relpath(path, self.root.parent)
-
-    def add(self, name: str, df: Any, gpu: str, source: str, version: str, rows_read: int,
-            **extra: object) -> None:
-        if df.empty:
-            return
-        self.tables.setdefault(name, []).append(df)
-        self.coverage.append(dict(gpu=gpu, table=name, source=self.rel(source), version=version,
-                                  rows_read=rows_read, rows_written=len(df), **extra))
-
-    def flush(self) -> None:
-        self.out.mkdir(parents=True, exist_ok=True)
-        for name, parts in self.tables.items():
-            df = pd.concat(parts, ignore_index=True)
-            keys = [c for c in df.columns if not c.endswith("_us")]
-            grid = sorted((c for c in df.columns if c.endswith("_us") and c != "latency_us"),
-                          key=lambda c: int("".join(ch for ch in c[:-3] if ch.isdigit())))
-            rest = [c for c in df.columns if c == "latency_us"]
-            df = df[keys + grid + rest]
-            num = df.select_dtypes("float").columns
-            df[num] = df[num].map(sig4)
-            df.to_csv(self.out / f"{name}.csv", index=False)
-        pd.DataFrame(self.coverage).to_csv(self.out / "coverage.csv", index=False)
 
 
 def extract_gemm(w: Writer, data: Path, gpu: str, version: str) -> None:
@@ -177,11 +115,13 @@ def default_attention_kernel(df: Any, kv_dtype: str) -> str | None:
 
 
 def attn_filter(df: Any) -> Any:
+    """Full attention: the head_dim-128 pairs and gpt-oss's head_dim-64 pairs."""
     if "window_size" in df.columns:
         df = df[df.window_size == 0]
-    pair = list(zip(df.num_heads, df.num_key_value_heads, strict=True))
-    keep = (df.head_dim == ATTN_HEAD_DIM) & pd.Series([p in ATTN_PAIRS for p in pair], df.index)
-    return df[keep]
+    pair = pd.Series(list(zip(df.num_heads, df.num_key_value_heads, strict=True)), df.index)
+    d128 = (df.head_dim == ATTN_HEAD_DIM) & pair.isin(ATTN_PAIRS)
+    d64 = (df.head_dim == 64) & pair.isin(ATTN_PAIRS_64)
+    return df[d128 | d64]
 
 
 def extract_attention(w: Writer, data: Path, gpu: str, version: str) -> None:
@@ -268,6 +208,8 @@ def main(argv: list[str] | None = None) -> None:
         extract_gemm(w, data, gpu, v)
         extract_attention(w, data, gpu, v)
         extract_comm(w, data, gpu, v)
+        extract_moe(w, data, gpu, v)
+        extract_mla(w, data, gpu, v)
     w.flush()
     total = 0
     for f in sorted(Path(args.out).glob("*.csv")):

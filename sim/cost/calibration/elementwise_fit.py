@@ -35,7 +35,18 @@ OPS = ("input_layernorm", "post_attention_layernorm", "attn_rope", "mlp_act")
 #: Vidur profile directory -> catalog GPU name and datasheet HBM bandwidth (bytes/s).
 VIDUR_GPUS = {"h100": ("h100-sxm", 3.35e12), "a100": ("a100-80gb", 2.039e12)}
 #: Catalog GPUs without Vidur profiles: the GPU whose fit they take (same compute die).
-INHERITED = {"h200-sxm": "h100-sxm"}
+#: Catalog GPUs without Vidur profiles: (the GPU whose fit they take, why that one).
+INHERITED = {
+    "h200-sxm": ("h100-sxm", "same compute die"),
+    "h100-pcie": ("h100-sxm", "same compute architecture"),
+    "b200": ("h100-sxm", "nearest calibrated generation; an estimate"),
+    "gb200": ("h100-sxm", "nearest calibrated generation; an estimate"),
+    "a100-40gb": ("a100-80gb", "same compute die"),
+    "l40s": ("a100-80gb", "nearest calibrated generation; an estimate"),
+    "l4": ("a100-80gb", "nearest calibrated generation; an estimate"),
+    "mi300x": ("h100-sxm", "no AMD profile; an estimate"),
+    "mi325x": ("h100-sxm", "no AMD profile; an estimate"),
+}
 
 
 @dataclass(frozen=True, slots=True)

@@ -198,11 +198,11 @@ def coefficient_lines(fits: list[ew.Fit]) -> list[str]:
         name = f.gpu.split("-")[0].upper()
         lines.append(f"{f.gpu},{f.bw_efficiency:g},{f.floor_s * 1e6:.2f},fitted: Vidur {name} "
                      "RMSNorm/rotary/SiLU-and-mul kernels")
-    for gpu, parent in ew.INHERITED.items():
+    for gpu, (parent, why) in ew.INHERITED.items():
         p = by_gpu[parent]
         name = parent.split("-")[0].upper()
         lines.append(f"{gpu},{p.bw_efficiency:g},{p.floor_s * 1e6:.2f},{name} fit "
-                     f"(same compute die; no {gpu.split('-')[0].upper()} profile)")
+                     f"({why}; no {gpu} profile)")
     return lines
 
 
@@ -219,8 +219,8 @@ def markdown(rows: list[ErrorRow], fits: list[ew.Fit]) -> str:
     for f in fits:
         out.append(f"| {f.gpu} | {f.bw_efficiency:g} | {f.floor_s * 1e6:.2f} | {f.fit_rows} | "
                    f"{f.held_rows} |")
-    for gpu, parent in ew.INHERITED.items():
-        out.append(f"| {gpu} | (the {parent} fit) | | | |")
+    for gpu, (parent, why) in ew.INHERITED.items():
+        out.append(f"| {gpu} | (the {parent} fit: {why}) | | | |")
     out += ["", "| operator | GPU | fit rows | fit median | fit p90 | held-out rows | "
             "held-out median | held-out p90 | median signed (held out) |",
             "|---|---|---|---|---|---|---|---|---|"]
