@@ -5,15 +5,21 @@
   token budget 512, max_num_seqs 128 (Vidur simulated this very stream in ≈40 s on this machine).
 * ``million`` — 1,000,000 requests with Azure-conversation lengths at 20 req/s on Llama-3.1-8B,
   one H100 (vLLM's online defaults), to check that memory stays bounded.
+* ``fleet`` — a small fleet: 4 such replicas (``-dp 4``, round robin) at 20 req/s each, 80,000
+  requests; with ``--shards N`` the command splits it over N worker processes (the records are
+  the same), which measures how a fleet-day scales with workers.
 
 Each case runs the CLI in a subprocess (so import time, the simulation and writing the run
 directory all count; after one tiny warm-up run, so that Python's bytecode cache is in place as
-in any user's shell) and prints wall time, simulated requests and engine steps per wall second,
-the fraction of steps applied by the exact bulk path, the peak RSS of the command's processes,
-and how many modules ran compiled (``twinserve compile``; 0 = the Python sources).
+in any user's shell) and prints wall time, CPU time (user + sys of the command and every process
+it started and waited for: the report process, shard workers), simulated requests and engine
+steps per wall second, the fraction of steps applied by the exact bulk path, the largest peak RSS
+among the command's processes, and how many modules ran compiled (``twinserve compile``; 0 = the
+Python sources). On a shared machine quote the CPU time: the wall time follows the load.
 
-Usage: python -m bench.simulator [vidur-stream] [million] [--repeat N] [--num-prompts N]
-(``--num-prompts`` shortens a case, for a quick check; the figures quoted are of full cases.)
+Usage: python -m bench.simulator [vidur-stream] [million] [fleet] [--repeat N] [--num-prompts N]
+[--shards N]  (``--num-prompts`` shortens a case, for a quick check; the figures quoted are of
+full cases.)
 """
 
 from __future__ import annotations
@@ -45,6 +51,12 @@ CASES: dict[str, list[str]] = {
         "--dataset-name", "trace", "--dataset-path", "azure-conv",
         "--request-rate", "20", "--num-prompts", "1000000",
     ],
+    "fleet": [
+        "--model", "meta-llama/Llama-3.1-8B", "--gpu", "h100-sxm",
+        "--dataset-name", "trace", "--dataset-path", "azure-conv",
+        "--data-parallel-size", "4", "--router", "round_robin",
+        "--request-rate", "80", "--num-prompts", "80000",
+    ],
 }
 
 
@@ -66,24 +78,32 @@ def warm_up() -> None:
         )
 
 
-def run_case(name: str, num_prompts: int | None = None) -> dict[str, float]:
-    """Run case ``name`` (shortened to ``num_prompts`` requests if given) and measure it."""
+def _cpu_s(usage: resource.struct_rusage) -> float:
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_case(name: str, num_prompts: int | None = None, shards: int = 1) -> dict[str, float]:
+    """Run case ``name`` (shortened to ``num_prompts`` requests if given; split over ``shards``
+    processes) and measure it."""
     shorter = ["--num-prompts", str(num_prompts)] if num_prompts is not None else []
+    split = ["--shards", str(shards)] if shards > 1 else []
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
         cmd = [sys.executable, "-m", "experiments.cli", "simulate", "--no-plots",
-               "--no-progress", "--out", str(out), *CASES[name], *shorter]
-        before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+               "--no-progress", "--out", str(out), *CASES[name], *shorter, *split]
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True)
         wall = time.perf_counter() - t0
         if proc.returncode != 0:
             raise SystemExit(f"{name} failed:\n{proc.stderr}")
-        peak_mb = max(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, before) / 1024
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        peak_mb = max(after.ru_maxrss, before.ru_maxrss) / 1024
         meta = json.loads((out / "config.json").read_text())
     stats = meta["stats"]
     return {
         "wall_s": wall,
+        "cpu_s": _cpu_s(after) - _cpu_s(before),
         "requests": stats["num_requests"],
         "steps": stats["num_steps"],
         "bulk_share": stats["num_bulk_steps"] / max(stats["num_steps"], 1),
@@ -100,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"{' and/or '.join(CASES)} (default: vidur-stream)")
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--num-prompts", type=int, help="shorten each case to N requests")
+    parser.add_argument("--shards", type=int, default=1,
+                        help="split each run over N processes (fleet: -dp 4 round robin)")
     args = parser.parse_args(argv)
     unknown = [c for c in args.cases if c not in CASES]
     if unknown:
@@ -107,12 +129,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args.cases:
         args.cases = ["vidur-stream"]
     warm_up()
-    print(f"{'case':<14} {'wall s':>7} {'sim-loop s':>10} {'req/s':>9} {'steps/s':>10} "
-          f"{'bulk':>5} {'steps':>9} {'simulated s':>12} {'peak RSS MB':>11} {'compiled':>8}")
+    print(f"{'case':<14} {'wall s':>7} {'CPU s':>7} {'sim-loop s':>10} {'req/s':>9} "
+          f"{'steps/s':>10} {'bulk':>5} {'steps':>9} {'simulated s':>12} {'peak RSS MB':>11} "
+          f"{'compiled':>8}")
     for name in args.cases:
         for _ in range(args.repeat):
-            r = run_case(name, args.num_prompts)
-            print(f"{name:<14} {r['wall_s']:>7.2f} {r['sim_wall_s']:>10.2f} "
+            r = run_case(name, args.num_prompts, args.shards)
+            print(f"{name:<14} {r['wall_s']:>7.2f} {r['cpu_s']:>7.2f} {r['sim_wall_s']:>10.2f} "
                   f"{r['requests'] / r['wall_s']:>9.0f} {r['steps'] / r['wall_s']:>10.0f} "
                   f"{r['bulk_share']:>5.0%} {r['steps']:>9.0f} {r['simulated_s']:>12.0f} "
                   f"{r['peak_rss_mb']:>11.0f} {r['compiled_modules']:>8}", flush=True)

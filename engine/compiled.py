@@ -13,7 +13,8 @@ itself stays free of file-system reads and import hooks. If any compiled module'
 differs from the manifest (an edit, a checkout, an interrupted build), it installs an import
 finder that loads the ``.py`` sources of *every* compiled module and says so once on stderr: an
 edit is never silently ignored, every command keeps working (slower), and ``twinserve compile``
-/ ``--clean`` can repair the tree.
+/ ``--clean`` can repair the tree. ``TWINSERVE_COMPILED=0`` in the environment makes it run the
+sources of a fresh build too, quietly (the test suite sets it: it tests the sources).
 
 Compiled and interpreted modules make the same decisions and write the same records (the
 compiled-core test checks a simulation both ways); only speed differs.
@@ -34,6 +35,9 @@ from types import ModuleType
 
 #: Packages (relative to the tree's root) that may hold compiled modules.
 PACKAGES: tuple[str, ...] = ("engine/core", "engine/core/bulk", "sim", "sim/cost")
+
+#: Environment variable: "0" runs the Python sources even of a fresh compiled build.
+SOURCES_ENV_VAR = "TWINSERVE_COMPILED"
 
 #: The build's manifest, in ``engine/core``: {module name: sha256 of its source}.
 MANIFEST_NAME = "_compiled.json"
@@ -107,11 +111,14 @@ class _SourcesFirst(importlib.abc.MetaPathFinder):
 def check_compiled_build(root: str = ROOT, packages: Sequence[str] = PACKAGES) -> list[str]:
     """If any compiled module is stale, run the sources of all of them (see module doc).
 
-    Returns the stale modules (empty: the build is fresh, or there is none).
+    Returns the stale modules (empty: the build is fresh, or there is none). With
+    ``TWINSERVE_COMPILED=0`` the sources run whatever the build's state, and nothing is said.
     """
+    if os.environ.get(SOURCES_ENV_VAR) == "0":
+        _run_sources(root, packages)
+        return []
     stale = stale_modules(root, packages)
-    if stale and not any(isinstance(f, _SourcesFirst) for f in sys.meta_path):
-        sys.meta_path.insert(0, _SourcesFirst(compiled_on_disk(root, packages)))
+    if stale and _run_sources(root, packages):
         names = ", ".join(n.replace(".", "/") + ".py" for n in stale)
         sys.stderr.write(
             f"twinserve: {names} changed after the last `twinserve compile`: running the Python "
@@ -119,6 +126,19 @@ def check_compiled_build(root: str = ROOT, packages: Sequence[str] = PACKAGES) -
             "remove the build with `twinserve compile --clean`.\n"
         )
     return stale
+
+
+def _run_sources(root: str, packages: Sequence[str]) -> bool:
+    """Import every compiled module of the tree from its source from now on; False if that
+    was already so (or there is none)."""
+    sources = compiled_on_disk(root, packages)
+    if not sources or any(
+        isinstance(f, _SourcesFirst) and f.sources.items() >= sources.items()
+        for f in sys.meta_path
+    ):
+        return False
+    sys.meta_path.insert(0, _SourcesFirst(sources))
+    return True
 
 
 _guarded = False  # guard_compiled_build ran in this process

@@ -172,7 +172,7 @@ class SimConfig:
                 f"data_parallel_size must be in [1, {MAX_DATA_PARALLEL}] (one simulated engine "
                 f"each), got {self.data_parallel_size}"
             )
-        from engine.core.routing import ROUTERS
+        from sim.cluster import ROUTERS  # the shared routers and the simulator's own
 
         if self.router not in ROUTERS:
             raise ConfigError(f"unknown router {self.router!r}; valid: {', '.join(ROUTERS)}")

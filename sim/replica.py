@@ -260,6 +260,7 @@ class EngineReplica:
         if self._last_cost_s > 0.0 and horizon < float("inf"):
             estimate = min(int((horizon - now) / self._last_cost_s) + 2, 1 << 16)
         available = run.ensure_shapes(estimate)
+        host_n, decode_host, decode_launch = -1, 0.0, 0.0  # decode_host_s of the last size
         k = 0
         while t < horizon:
             if k >= available:
@@ -283,7 +284,10 @@ class EngineReplica:
                 t1 = t + (sched_base + per_req * n)
                 sampling = n
                 cost = executor.decode_time_s(n, context_sum[k], run.context_max[k])
-                host, launch = executor.decode_host_s(n)
+                if n != host_n:  # the batch size changes only when a request finishes
+                    host_n = n
+                    decode_host, decode_launch = executor.decode_host_s(n)
+                host, launch = decode_host, decode_launch
             ready = t1 + host  # the step-by-step path's order of additions
             cpu_free = ready + launch
             sched_t.append(t)

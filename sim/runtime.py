@@ -13,6 +13,11 @@ very code the golden replays check) at its centre:
 * each step's outputs go over IPC to the **output processor** (``stages.OutputStage``) and
   over the network to the clients.
 
+With data parallelism, a router picks each request's replica when it leaves the API servers.
+Where that choice can be made up front (an open loop, a router that reads no replica state) the
+run is planned as a ``Shard`` (``sim/sharding.py``): requests go straight to their replica,
+and a run split over processes simulates one shard of several each (``sim/fleet.py``).
+
 Every stage writes the core's event records. For speed the engine runs ahead of the SimPy
 clock up to the *horizon* — the earliest time anything outside the engine could change what it
 sees (the next request reaching its input queue, or the client's next possible send) — and
@@ -30,6 +35,7 @@ import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import simpy
 
 from engine.core.config import EngineConfig
@@ -46,10 +52,20 @@ from engine.core.policy import (
     policy_summary,
 )
 from engine.core.request import Request, SamplingParams
-from engine.core.routing import ReplicaView, Router, make_router
+from sim.clock import wake_at
+from sim.cluster import (
+    INDEPENDENT_ROUTERS,
+    STATE_ROUTERS,
+    IndependentRouter,
+    ReplicaView,
+    Router,
+    RouterInputs,
+    check_router,
+)
 from sim.config import SimConfig, resolve_engine_config
 from sim.models import ModelSpec
 from sim.replica import STEP_ID_STRIDE, EngineReplica
+from sim.sharding import Shard, plan_shards
 from sim.stages import APIServerPool, FrontendTimes
 from workload.admission import exceeds_max_model_len, reject_reason
 from workload.build import build_workload
@@ -186,10 +202,14 @@ class SimRuntime:
         workload: Workload | None = None,
         cost_model: CostModel | None = None,
         progress: Callable[[int, int, float], None] | None = None,
+        shard: Shard | None = None,
         request_frontend_s: Sequence[float] | None = None,
     ) -> None:
         """``request_frontend_s``: each request's front-end time (API-server CPU), replacing
-        the front-end config's cost model — a replay of measured requests."""
+        the front-end config's cost model — a replay of measured requests (such a run is not
+        planned as a shard: the plan prices the front end with the config's model)."""
+        if shard is not None and request_frontend_s is not None:
+            raise ValueError("a shard's front-end times are planned: no request_frontend_s")
         self.cfg = cfg
         self.engine_config = resolve_engine_config(cfg)
         self.workload = workload if workload is not None else build_workload(cfg.workload)
@@ -197,6 +217,18 @@ class SimRuntime:
             cost_model if cost_model is not None else make_cost_model(cfg, self.engine_config)
         )
         self.log = EventLog()
+        check_router(cfg.router)
+        routed = cfg.data_parallel_size > 1
+        state_router = routed and cfg.router in STATE_ROUTERS
+        open_loop = self.workload.max_concurrency is None
+        if (shard is None and routed and not state_router and open_loop
+                and request_frontend_s is None):
+            # every request's replica is known up front: the whole run is one shard
+            shard = plan_shards(
+                self.workload, cfg.frontend, self.engine_config.scheduler.max_model_len,
+                cfg.router, self._router_inputs(), 1,
+            )[0]
+        self.shard = shard
         w = self.workload
         stream = StreamInfo(
             seed=cfg.seed, lengths=RequestLengths(w.prompt_lens, w.output_lens),
@@ -207,13 +239,25 @@ class SimRuntime:
                 r, self.engine_config, self.cost_model, cfg.frontend, self.log,
                 self._request_done, fast_path=cfg.fast_path,
                 closed_loop=self.workload.max_concurrency is not None,
-                report_state=cfg.data_parallel_size > 1, stream=stream,
+                report_state=state_router, stream=stream,
             )
-            for r in range(cfg.data_parallel_size)
+            for r in (shard.replicas if shard is not None else range(cfg.data_parallel_size))
         ]
-        self.router: Router | None = (
-            make_router(cfg.router, cfg.router_load_cap) if cfg.data_parallel_size > 1 else None
-        )
+        self._local = {replica.index: k for k, replica in enumerate(self.replicas)}
+        # Who routes. A shard: its plan (requests go straight to their replica's input queue).
+        # Otherwise a router process, asking a router that reads replica state or one that
+        # reads none (a closed loop decides the routing order only as it runs).
+        self._routed = routed
+        self._router_process_needed = routed and shard is None
+        self.router: Router | None = None
+        self.picker: IndependentRouter | None = None
+        if shard is None and state_router:
+            self.router = STATE_ROUTERS[cfg.router](self._router_inputs())
+        elif shard is None and routed:
+            self.picker = INDEPENDENT_ROUTERS[cfg.router](self._router_inputs())
+        # the requests this run sends, in send order (None: all of them)
+        self._order: np.ndarray | None = shard.requests if shard is not None else None
+        self._num_to_send = len(self.workload) if shard is None else len(shard.requests)
         self.api = APIServerPool(cfg.frontend)
         if request_frontend_s is not None and len(request_frontend_s) != len(self.workload):
             raise ValueError("request_frontend_s needs one value per request")
@@ -238,20 +282,36 @@ class SimRuntime:
         self._open_loop = self.workload.max_concurrency is None
         self._frontend_times: list[FrontendTimes | None] = []
         self._bound_for, self._bound = -1, 0.0  # memo of _next_send_bound (open loop)
+        # A shard: each replica's own requests (send positions) and, from each on, the earliest
+        # engine arrival among them and those after (a replica's horizon need not stop at
+        # requests sent to the others).
+        self._own_positions: list[list[int]] = []
+        self._own_arrival_min: list[list[float]] = []
+        self._own_next = [0] * len(self.replicas)
+        if shard is not None:
+            for replica in self.replicas:
+                positions = np.flatnonzero(shard.route == replica.index)
+                later_min = np.minimum.accumulate(shard.engine_arrival_s[positions][::-1])[::-1]
+                self._own_positions.append(positions.tolist())
+                self._own_arrival_min.append([*later_min.tolist(), math.inf])
         self._num_done = 0
         sched = self.engine_config.scheduler
         self._max_model_len = sched.max_model_len
         self._block_size = self.engine_config.cache.block_size
         self._caching = self.engine_config.cache.enable_prefix_caching
 
+    def _router_inputs(self) -> RouterInputs:
+        cfg = self.cfg
+        return RouterInputs(cfg.data_parallel_size, self.workload, cfg.seed, cfg.router_load_cap)
+
     # -- running --------------------------------------------------------------------------------
     def run(self) -> SimResult:
         t0 = time.perf_counter()
         self.env.process(self._client())
-        if self.router is not None:
+        if self._router_process_needed:
             self.env.process(self._router_process())
-        for replica in self.replicas:
-            self.env.process(self._engine(replica))
+        for k, replica in enumerate(self.replicas):
+            self.env.process(self._engine(k, replica))
         _loop_gc_enter()
         try:
             self.env.run()
@@ -260,7 +320,8 @@ class SimRuntime:
         for replica in self.replicas:
             if replica.core.held_by_policy:
                 raise PolicyError(held_message(replica.core))
-        if len(self.replicas) > 1:
+        # a shard of several is compacted once the shards are merged (sim/fleet.py)
+        if self._routed and len(self.replicas) == self.cfg.data_parallel_size:
             self.log.compact_step_ids(STEP_ID_STRIDE)
         stats = self.stats
         stats.wall_time_s = time.perf_counter() - t0
@@ -268,7 +329,9 @@ class SimRuntime:
         stats.num_steps = self.log.num_steps
         stats.num_bulk_steps = sum(r.num_bulk_steps for r in self.replicas)
         stats.num_bulk_runs = sum(r.num_bulk_runs for r in self.replicas)
-        stats.api_server_busy_s = self.api.busy_s
+        stats.api_server_busy_s = (
+            self.api.busy_s if self.shard is None else self.shard.api_server_busy_s
+        )
         stats.output_processor_busy_s = sum(r.out.busy_s for r in self.replicas)
         for replica in self.replicas:
             self.reject_reasons.update(replica.core.rejected_reasons)
@@ -289,7 +352,9 @@ class SimRuntime:
         env, w = self.env, self.workload
         limit = w.max_concurrency
         send_times = w.send_time_s
-        for i in range(len(w)):
+        order = self._order
+        for pos in range(self._num_to_send):
+            i = pos if order is None else int(order[pos])
             if limit is not None:
                 while True:
                     while self._releases and self._releases[0] <= env.now:
@@ -301,18 +366,19 @@ class SimRuntime:
                     # replicas one may report a delivery earlier than those already known
                     self._client_wake = env.event()
                     if self._releases:
-                        yield env.timeout(self._releases[0] - env.now) | self._client_wake
+                        yield wake_at(env, self._releases[0]) | self._client_wake
                     else:
                         yield self._client_wake
                     self._client_wake = None
             t = float(send_times[i])
             if t > env.now:
-                yield env.timeout(t - env.now)
-            self._send(i, env.now)
-            self._next_send = i + 1
-        self._next_send = len(w)
+                yield wake_at(env, t)
+            self._send(pos, i, env.now)
+            self._next_send = pos + 1
+        self._next_send = self._num_to_send
 
-    def _send(self, i: int, send_s: float) -> None:
+    def _send(self, pos: int, i: int, send_s: float) -> None:
+        """Request ``i`` (the ``pos``-th this run sends) leaves the client at ``send_s``."""
         w, log, fe = self.workload, self.log, self.cfg.frontend
         req_id = str(i)
         prompt_len = int(w.prompt_lens[i])
@@ -330,26 +396,35 @@ class SimRuntime:
             log.record(req_id, EventKind.REJECTED, back, reason)
             self._count_done(back)
             return
-        times = self._admit(i, send_s)
+        times = self._admit(pos, i, send_s)
         log.record(req_id, EventKind.FRONTEND_START, times.frontend_start_s)
         log.record(req_id, EventKind.TOKENIZED, times.tokenized_s)
         request = self._make_request(i, req_id, prompt_len, output_len, send_s)
-        if self.router is None:
+        if not self._routed:
             self._enqueue(0, times.engine_arrival_s, i, request)
+        elif self.shard is not None:
+            self._enqueue(int(self.shard.route[pos]), times.engine_arrival_s, i, request)
         else:
             heapq.heappush(self._to_route, (times.tokenized_s, i, request))
-            if self._router_wake is not None and not self._router_wake.triggered:
+            # the router sleeps until its earliest request: wake it if this one is earlier
+            if (self._router_wake is not None and not self._router_wake.triggered
+                    and self._to_route[0][2] is request):
                 self._router_wake.succeed()
 
     def _enqueue(self, replica: int, arrival_s: float, seq: int, request: Request) -> None:
-        self.replicas[replica].push(arrival_s, seq, request)
-        wake = self._engine_wake[replica]
+        """Request ``seq`` reaches the input queue of replica ``replica`` (global index)."""
+        k = self._local[replica]
+        self.replicas[k].push(arrival_s, seq, request)
+        wake = self._engine_wake[k]
         if wake is not None and not wake.triggered:
             wake.succeed()
 
-    def _admit(self, i: int, send_s: float) -> FrontendTimes:
-        """Front-end times of request ``i`` (computed in send order; ahead of time when the
-        send times are known, so the engine's horizon can be the engine arrival itself)."""
+    def _admit(self, pos: int, i: int, send_s: float) -> FrontendTimes:
+        """Front-end times of request ``i``, the ``pos``-th sent (computed in send order; ahead
+        of time when the send times are known, so the engine's horizon can be the engine
+        arrival itself; given, in a shard)."""
+        if self.shard is not None:
+            return self._shard_times(pos)
         if not self._open_loop:
             return self.api.admit(send_s + self.cfg.frontend.network_latency_s,
                                   int(self.workload.prompt_lens[i]), self._frontend_cost(i))
@@ -358,6 +433,12 @@ class SimRuntime:
         assert times is not None
         self._frontend_times[i] = None  # read once: keep memory flat at a million requests
         return times
+
+    def _shard_times(self, pos: int) -> FrontendTimes:
+        shard = self.shard
+        assert shard is not None
+        return FrontendTimes(float(shard.frontend_start_s[pos]), float(shard.tokenized_s[pos]),
+                             float(shard.engine_arrival_s[pos]))
 
     def _admit_ahead(self, i: int) -> None:
         cached = self._frontend_times
@@ -429,19 +510,25 @@ class SimRuntime:
         """Earliest time the client's next request could reach the engine (open loop: exactly
         when it will; closed loop: not before its send)."""
         w = self.workload
-        i = self._next_send
-        if i >= len(w):
+        pos = self._next_send
+        if pos >= self._num_to_send:
             return math.inf
+        i = pos if self._order is None else int(self._order[pos])
         if self._open_loop:
-            if self._bound_for == i:
+            if self._bound_for == pos:
                 return self._bound
-            self._bound_for = i
+            self._bound_for = pos
             self._bound = float(w.send_time_s[i])
             if not self._rejects(i):
-                self._admit_ahead(i)
-                times = self._frontend_times[i]
-                assert times is not None
-                self._bound = times.engine_arrival_s if self.router is None else times.tokenized_s
+                if self.shard is not None:
+                    times = self._shard_times(pos)
+                else:
+                    self._admit_ahead(i)
+                    cached = self._frontend_times[i]
+                    assert cached is not None
+                    times = cached
+                routed_later = self._router_process_needed
+                self._bound = times.tokenized_s if routed_later else times.engine_arrival_s
             return self._bound
         t = float(w.send_time_s[i])
         limit = w.max_concurrency
@@ -455,7 +542,7 @@ class SimRuntime:
         ipc = self.cfg.frontend.ipc_latency_s
         while True:
             if not self._to_route:
-                if self._next_send >= len(self.workload):
+                if self._next_send >= self._num_to_send:
                     return
                 self._router_wake = env.event()
                 yield self._router_wake
@@ -463,13 +550,20 @@ class SimRuntime:
                 continue
             t = self._to_route[0][0]
             if t > env.now:
-                yield env.timeout(t - env.now)
+                # until then, or until an earlier request leaves an API server (with several
+                # API servers, one sent later may be tokenized sooner)
+                self._router_wake = env.event()
+                yield wake_at(env, t) | self._router_wake
+                self._router_wake = None
                 continue
             _, seq, request = heapq.heappop(self._to_route)
-            replica = self._route(request, env.now)
+            replica = self._route(seq, request, env.now)
             self._enqueue(replica, env.now + ipc, seq, request)
 
-    def _route(self, request: Request, now: float) -> int:
+    def _route(self, seq: int, request: Request, now: float) -> int:
+        """The replica request ``seq`` goes to, routed at ``now``."""
+        if self.picker is not None:
+            return self.picker.pick(seq)
         assert self.router is not None
         completions = self._completions
         while completions and completions[0][0] <= now:
@@ -493,7 +587,8 @@ class SimRuntime:
         return chosen
 
     # -- the engines ----------------------------------------------------------------------------
-    def _engine(self, replica: EngineReplica) -> Generator[simpy.Event, object, None]:
+    def _engine(self, k: int, replica: EngineReplica) -> Generator[simpy.Event, object, None]:
+        """The engine loop of ``replica`` (the ``k``-th of this run)."""
         env, core = self.env, replica.core
         now = 0.0  # the engine's own clock; may run ahead of env.now up to the horizon
         idle_since: float | None = 0.0  # when the loop last ran out of work (None: busy)
@@ -504,16 +599,16 @@ class SimRuntime:
             if not core.has_work():
                 if idle_since is None:
                     idle_since = now
-                if (self._next_send >= len(self.workload) and not replica.inputs
+                if (self._next_send >= self._num_to_send and not replica.inputs
                         and not self._to_route):
                     return
                 if replica.inputs:
                     now = max(now, replica.next_input_s())
-                    yield env.timeout(now - env.now)
+                    yield wake_at(env, now)
                 else:
-                    wake = self._engine_wake[replica.index] = env.event()
+                    wake = self._engine_wake[k] = env.event()
                     yield wake
-                    self._engine_wake[replica.index] = None
+                    self._engine_wake[k] = None
                 continue
             if idle_since is not None:
                 replica.woke_up(now - idle_since)
@@ -523,14 +618,26 @@ class SimRuntime:
                 now = replica.iterate(now, horizon)
                 replica.drain(now)
                 horizon = self._horizon(replica)
-            yield env.timeout(now - env.now)
+            yield wake_at(env, now)
 
     def _horizon(self, replica: EngineReplica) -> float:
         """Earliest time something outside this engine could change what it sees."""
+        if self.shard is not None:  # only its own requests reach it, at planned times
+            return min(replica.next_input_s(), self._next_own_arrival(replica.index))
         h = min(replica.next_input_s(), self._next_send_bound())
         if self._to_route:
             h = min(h, self._to_route[0][0])
         return h
+
+    def _next_own_arrival(self, replica: int) -> float:
+        """Earliest engine arrival of a request not yet sent to ``replica`` (global index;
+        a shard only)."""
+        k = self._local[replica]
+        positions, p, sent = self._own_positions[k], self._own_next[k], self._next_send
+        while p < len(positions) and positions[p] < sent:
+            p += 1
+        self._own_next[k] = p
+        return self._own_arrival_min[k][p]
 
 
 def _prefix_probe(kv: KVCacheManager) -> Callable[[Request], int]:

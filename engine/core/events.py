@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import enum
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -336,6 +336,43 @@ class EventLog:
             "delivered": self.delivered_columns(),
             "labels": self.labels_columns(),
         }
+
+    @classmethod
+    def from_export(cls, exported: Mapping[str, Any]) -> EventLog:
+        """A log holding what ``export()`` returns (copied; its token runs all closed): how
+        the logs of a run's shards, merged, become one log again (``sim/fleet.py``)."""
+        log = cls()
+        req_ids = list(exported["req_ids"])
+        log.req_ids = req_ids
+        log._req_index = {req_id: i for i, req_id in enumerate(req_ids)}
+        if len(log._req_index) != len(req_ids):
+            raise ValueError("exported req_ids repeat a request")
+        ev = exported["events"]
+        log._ev_req = array("i", ev["req_index"])
+        log._ev_kind = array("b", ev["kind"])
+        log._ev_time = array("d", ev["time_s"])
+        log._ev_payload = list(ev["payload"])
+        runs = exported["token_runs"]
+        log._run_req = array("i", runs["req_index"])
+        log._run_first = array("q", runs["first_step"])
+        log._run_count = array("q", runs["num_tokens"])
+        steps = exported["steps"]
+        log._steps = {
+            name: array(code, steps[name]) if code else list(steps[name])
+            for name, code in STEP_TYPECODES.items()
+        }
+        delivered = exported["delivered"]
+        log._delivered_step = array("q", delivered["step_id"])
+        log._delivered_time = array("d", delivered["time_s"])
+        groups = (
+            (log._ev_req, log._ev_kind, log._ev_time, log._ev_payload),
+            (log._run_req, log._run_first, log._run_count),
+            tuple(log._steps.values()),
+            (log._delivered_step, log._delivered_time),
+        )
+        if any(len({len(column) for column in group}) > 1 for group in groups):
+            raise ValueError("exported columns of unequal lengths")
+        return log
 
     def iter_events(self, expand_tokens: bool = True) -> Iterator[RequestEvent]:
         """All events in time order, token runs expanded into TOKEN events. At one time,

@@ -1,10 +1,12 @@
-"""``twinserve compile``: build the simulator's hot modules as C extensions with mypyc (optional).
+"""``twinserve compile``: build the simulator's hot modules as C extensions with mypyc.
 
 The scheduler core and the simulator's engine loop are plain, fully typed Python. mypyc (part
 of mypy, in the ``fast`` extra) compiles them unchanged into C extensions placed next to the
 sources, where imports pick them up: same decisions, same records, a 2.4–5× faster
 simulation loop (docs/simulator.md has the figures). It needs a C compiler and the Python
-headers. If a compiled module's source changes afterwards, ``engine/compiled.py`` runs the
+headers. The set-up (``make demo``) runs ``--auto``: it builds when the build is missing or
+stale and, where it cannot build, says why in one line and succeeds (the sources run, same
+results, slower). If a compiled module's source changes afterwards, ``engine/compiled.py`` runs the
 sources of the whole build instead (and says so), so an edit is never silently ignored;
 ``--clean`` removes the build, ``--status`` lists what is compiled.
 
@@ -195,7 +197,43 @@ def status(
     return out
 
 
+def is_fresh(
+    root: Path = ROOT, modules: Sequence[str] = HOT_MODULES, packages: Sequence[str] = PACKAGES
+) -> bool:
+    """Is every one of ``modules`` compiled for this interpreter, from its current source?"""
+    return all(state == "compiled" for state in status(root, modules, packages).values())
+
+
+def compile_if_needed(
+    root: Path = ROOT,
+    jobs: int | None = None,
+    modules: Sequence[str] = HOT_MODULES,
+    packages: Sequence[str] = PACKAGES,
+) -> str:
+    """``twinserve compile --auto`` (the set-up runs it): build unless a fresh build is there;
+    never fails. Returns the one line to print: what was done, or why the Python sources run
+    instead (same results, slower)."""
+    if is_fresh(root, modules, packages):
+        return f"compiled build up to date ({len(modules)} modules)"
+    why = missing_toolchain()
+    if why is not None:
+        return (f"not compiling the simulator's hot modules ({why}): it runs from its Python "
+                "sources (same results, slower)")
+    print(f"compiling {len(modules)} modules with mypyc (about a minute on two cores)...",
+          flush=True)
+    try:
+        seconds = compile_modules(root, modules, jobs=jobs)
+    except UserError as exc:
+        first = str(exc).splitlines()[0].rstrip(":")
+        return (f"{first}: the simulator runs from its Python sources (same results, "
+                "slower); `twinserve compile` shows the build's output")
+    return f"compiled {len(modules)} modules in {seconds:.0f} s"
+
+
 def _run(args: argparse.Namespace) -> int:
+    if args.auto:
+        print(f"twinserve: {compile_if_needed(jobs=args.jobs)}")
+        return 0
     if args.clean:
         removed = clean()
         print(f"removed {len(removed)} compiled file(s); the Python sources are used")
@@ -225,5 +263,8 @@ def register(sub: Any) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--clean", action="store_true", help="remove the compiled modules")
     g.add_argument("--status", action="store_true", help="list compiled / stale / python")
+    g.add_argument("--auto", action="store_true",
+                   help="build unless a fresh build is there; where it cannot be built, say so "
+                   "in one line and succeed (the sources run). The set-up (make demo) runs it")
     p.add_argument("--jobs", type=int, default=None, help="parallel C compiles (default: CPUs)")
     p.set_defaults(func=_run)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from engine.core.errors import UserError
 from experiments.cli.flags import add_report_flags, add_sim_flags, default_out_dir
 from experiments.simconfig import config_dict_from_args, load_experiment_file
 
@@ -83,6 +84,41 @@ def _explain_step(cfg: Any, spec: str) -> int:
     return 0
 
 
+def _shards(args: argparse.Namespace, cfg: Any) -> int:
+    """How many processes the run is split over (``--shards``; 1 where it cannot be split,
+    with a note saying why)."""
+    shards: int = args.shards
+    if shards < 1:
+        raise UserError(f"--shards must be >= 1, got {shards}")
+    if shards == 1:
+        if args.backend != "process" or args.ray_address:
+            raise UserError("--backend and --ray-address place the shards of a run: "
+                            "give --shards N (N > 1) too")
+        return 1
+    # imported only here: a one-process run does not pay for the pool's modules
+    from experiments.sweep.backends import MAX_JOBS
+    from sim.fleet import why_not_shardable
+
+    if shards > MAX_JOBS:
+        raise UserError(f"--shards must be <= {MAX_JOBS}, got {shards}")
+
+    why = why_not_shardable(cfg)
+    if why is not None:
+        print(f"twinserve: not sharding this run: {why}; it runs in one process",
+              file=sys.stderr)
+        return 1
+    return shards
+
+
+def _simulate_sharded(cfg: Any, shards: int, args: argparse.Namespace) -> Any:
+    from experiments.sweep.backends import make_backend, running
+    from sim.fleet import simulate_sharded
+
+    # running(): an interruption cancels the shards instead of waiting for them
+    with running(make_backend(args.backend, shards, args.ray_address)) as backend:
+        return simulate_sharded(cfg, shards, backend.submit_call)
+
+
 def _simulate(args: argparse.Namespace) -> int:
     if _list_catalogs(args):
         return 0
@@ -105,10 +141,14 @@ def _simulate(args: argparse.Namespace) -> int:
     options = report_options(args)  # parsed now: a bad flag fails before the run
     check_simulation_memory(cfg)
     progress = args.progress if args.progress is not None else sys.stderr.isatty()
+    shards = _shards(args, cfg)
     with open_out_dir(Path(args.out) if args.out else default_out_dir()) as out:
         reporter = start_report_process()  # imports the report stack while the run goes on
         try:
-            result = run_simulation(cfg, progress=progress)
+            if shards > 1:
+                result = _simulate_sharded(cfg, shards, args)
+            else:
+                result = run_simulation(cfg, progress=progress)
         except BaseException:
             if reporter is not None:
                 reporter.close()
@@ -148,6 +188,15 @@ def register(sub: Any) -> None:
                    "(K chunks of Q tokens after C cached), e.g. prefill:512@3584,decode:63x1024")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar on stderr (default: when stderr is a terminal)")
+    g = p.add_argument_group("sharding (data-parallel runs with round_robin, random or "
+                             "consistent_hash routing and an open-loop client)")
+    g.add_argument("--shards", type=int, default=1,
+                   help="split the replicas over N processes and merge their records into the "
+                   "run one process writes (default 1; other runs say why they stay in one)")
+    g.add_argument("--backend", choices=["process", "ray"], default="process",
+                   help="where the shards run: a local process pool (default) or Ray tasks")
+    g.add_argument("--ray-address", help="join this Ray cluster (e.g. auto, ray://host:10001) "
+                   "instead of starting a local Ray")
     add_sim_flags(p)
     add_report_flags(p)
     p.set_defaults(func=_simulate)

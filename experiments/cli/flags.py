@@ -58,8 +58,8 @@ def add_sim_flags(p: argparse.ArgumentParser) -> None:
                    help="GPUs per node (8): pipeline hops beyond a node cross the network")
     g.add_argument("--network", help="fabric between nodes: infiniband-ndr (default), "
                    "infiniband-hdr, roce-400, ethernet-100")
-    g.add_argument("--router", help="replica router: vllm (default), round_robin, "
-                   "least_outstanding, least_kv, prefix_aware")
+    g.add_argument("--router", help="replica router: vllm (default), round_robin, random, "
+                   "consistent_hash, least_outstanding, least_kv, prefix_aware")
     g.add_argument("--router-load-cap", type=int,
                    help="prefix_aware: extra in-flight requests tolerated for a better hit")
     g.add_argument("--gpu-memory-utilization", type=float)

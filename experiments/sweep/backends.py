@@ -2,8 +2,10 @@
 
 A backend has one job — ``submit(task) -> Future`` of ``run_task(task)`` — so the sweep driver
 and the capacity search treat all three alike (``concurrent.futures.as_completed`` /
-``Future.result``). No home-made distribution: the pool is ``ProcessPoolExecutor``; Ray tasks
-are ``ray.remote`` functions whose ``ObjectRef.future()`` is a ``concurrent.futures.Future``.
+``Future.result``); ``submit_call(fn, *args)`` runs any module-level function the same way
+(the shards of a data-parallel run, ``sim/fleet.py``). No home-made distribution: the pool is
+``ProcessPoolExecutor``; Ray tasks are ``ray.remote`` functions whose ``ObjectRef.future()`` is
+a ``concurrent.futures.Future``.
 
 Tasks are plain picklable dicts (``sweep.make_task``); ``run_task`` is a module-level function,
 so pool and Ray workers import it by name (Ray cluster nodes need twinserve installed).
@@ -26,11 +28,13 @@ import signal
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ProcessPoolExecutor
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from engine.core.errors import UserError
 
 BACKENDS: tuple[str, ...] = ("process", "ray")
+
+T = TypeVar("T")
 
 
 def run_task(task: Mapping[str, Any]) -> dict[str, Any]:
@@ -53,6 +57,8 @@ class Backend(Protocol):
     workers: int
 
     def submit(self, task: Mapping[str, Any]) -> Future[dict[str, Any]]: ...
+
+    def submit_call(self, fn: Callable[..., T], *args: Any) -> Future[T]: ...
 
     def close(self, cancel: bool = False) -> None:
         """Release the workers: after the tasks submitted, or at once with ``cancel``."""
@@ -82,9 +88,12 @@ class InlineBackend:
         self._fn = fn
 
     def submit(self, task: Mapping[str, Any]) -> Future[dict[str, Any]]:
-        future: Future[dict[str, Any]] = Future()
+        return self.submit_call(self._fn, task)
+
+    def submit_call(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        future: Future[T] = Future()
         try:
-            future.set_result(self._fn(task))
+            future.set_result(fn(*args))
         except BaseException as exc:  # delivered through the future, as a pool would
             future.set_exception(exc)
         return future
@@ -132,6 +141,9 @@ class PoolBackend:
     def submit(self, task: Mapping[str, Any]) -> Future[dict[str, Any]]:
         return self._pool.submit(run_task, dict(task))
 
+    def submit_call(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        return self._pool.submit(fn, *args)
+
     def close(self, cancel: bool = False) -> None:
         if not cancel:
             self._pool.shutdown(wait=True)
@@ -176,13 +188,19 @@ class RayBackend:
             ray.init(**kwargs)
             self._owned = address is None
         self.workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
-        self._remote = ray.remote(num_cpus=1)(run_task)
+        self._remotes: dict[Callable[..., Any], Any] = {}
         self._refs: list[Any] = []
 
     def submit(self, task: Mapping[str, Any]) -> Future[dict[str, Any]]:
-        ref = self._remote.remote(dict(task))
+        return self.submit_call(run_task, dict(task))
+
+    def submit_call(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        remote = self._remotes.get(fn)
+        if remote is None:
+            remote = self._remotes[fn] = self._ray.remote(num_cpus=1)(fn)
+        ref = remote.remote(*args)
         self._refs.append(ref)
-        future: Future[dict[str, Any]] = ref.future()
+        future: Future[T] = ref.future()
         return future
 
     def close(self, cancel: bool = False) -> None:

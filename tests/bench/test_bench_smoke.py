@@ -3,9 +3,15 @@ exercise: tests/kernels, tests/worker, tests/validation)."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
 import pytest
 
-from bench import reports, scheduler, simulator
+from bench import identical_runs, reports, scheduler, simulator
 
 
 def test_simulator_benchmark_runs_a_shortened_vidur_stream(
@@ -14,10 +20,17 @@ def test_simulator_benchmark_runs_a_shortened_vidur_stream(
     assert simulator.VIDUR_STREAM.is_file()
     assert simulator.main(["vidur-stream", "--num-prompts", "200"]) == 0
     header, row = capsys.readouterr().out.strip().splitlines()
-    assert header.split()[:2] == ["case", "wall"]
+    assert header.split()[:5] == ["case", "wall", "s", "CPU", "s"]
     fields = row.split()
     assert fields[0] == "vidur-stream"
-    assert float(fields[1]) > 0 and int(fields[6]) > 200  # wall s > 0; more steps than requests
+    assert float(fields[1]) > 0 and float(fields[2]) > 0  # wall and CPU seconds
+    assert int(fields[7]) > 200  # more steps than requests
+
+
+def test_simulator_benchmark_shards_the_fleet_case(capsys: pytest.CaptureFixture[str]) -> None:
+    assert simulator.main(["fleet", "--num-prompts", "400", "--shards", "2"]) == 0
+    row = capsys.readouterr().out.strip().splitlines()[1].split()
+    assert row[0] == "fleet" and float(row[2]) > 0
 
 
 def test_scheduler_benchmark_measures_decode_steps(capsys: pytest.CaptureFixture[str]) -> None:
@@ -33,6 +46,33 @@ def test_reports_benchmark_times_every_phase(capsys: pytest.CaptureFixture[str])
     for phase in ("synthetic EventLog", "build_tables", "summarize", "plot latency_cdfs",
                   "write tables (parquet)"):
         assert phase in out, phase
+
+
+def test_identical_runs_compares_run_directories(tmp_path: Path) -> None:
+    """Two runs of one build are identical (date, commit and wall time aside); a changed value
+    in a table, the summary or the report is named."""
+    common = ["simulate", "--no-plots", "--no-progress", "--num-prompts", "30"]
+    for name in ("a", "b"):
+        proc = subprocess.run(
+            [sys.executable, "-m", "experiments.cli", *common, "--out", str(tmp_path / name)],
+            cwd=identical_runs.ROOT, capture_output=True, text=True,
+        )
+        assert proc.returncode == 0, proc.stderr
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert identical_runs.compare_run_dirs(a, b) == []
+    steps = pd.read_parquet(b / "steps.parquet")
+    steps.loc[3, "cost_s"] += 1e-9
+    steps.to_parquet(b / "steps.parquet", index=False)
+    summary = json.loads((b / "summary.json").read_text())
+    summary["completed"] += 1
+    (b / "summary.json").write_text(json.dumps(summary))
+    (b / "report.md").write_text((b / "report.md").read_text() + "more")
+    diffs = identical_runs.compare_run_dirs(a, b)
+    assert diffs[0] == "report.md: text differs"
+    assert diffs[1].startswith("steps.parquet: cost_s: 1 rows (first 3), max |diff| 1e-09")
+    assert diffs[2] == "summary.json: differs in completed"
+    assert len(diffs) == 3
+    assert set(identical_runs.CONFIGS) >= {"dp3-round-robin", "mooncake", "vidur-stream"}
 
 
 def test_multiproc_executor_benchmark_compares_both_executors(

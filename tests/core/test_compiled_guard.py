@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 
@@ -20,7 +20,9 @@ from engine.compiled import (
     source_digest,
     stale_modules,
 )
-from experiments.cli.cmd_compile import HOT_MODULES, clean, status
+from engine.core.errors import UserError
+from experiments.cli import cmd_compile
+from experiments.cli.cmd_compile import HOT_MODULES, clean, compile_if_needed, is_fresh, status
 
 EXT = EXTENSION_SUFFIXES[0]
 
@@ -39,6 +41,12 @@ def _tree(tmp_path: Path, *, vouched: tuple[str, ...]) -> Path:
     manifest = {f"fakepkg.{s}": source_digest(str(pkg / f"{s}.py")) for s in vouched}
     Path(manifest_path(str(tmp_path))).write_text(json.dumps(manifest))
     return tmp_path
+
+
+@pytest.fixture(autouse=True)
+def _compiled_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests check the guard itself: without the suite's TWINSERVE_COMPILED=0."""
+    monkeypatch.delenv(compiled.SOURCES_ENV_VAR, raising=False)
 
 
 @pytest.fixture
@@ -107,3 +115,57 @@ def test_status_and_clean(tmp_path: Path) -> None:
 
 def test_hot_modules_lie_in_the_guarded_packages() -> None:
     assert {str(Path(m).parent) for m in HOT_MODULES} <= set(compiled.PACKAGES)
+
+
+def test_sources_variable_runs_the_sources_of_a_fresh_build_quietly(
+    tmp_path: Path, clean_imports: None, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    root = _tree(tmp_path, vouched=("fast", "slow"))
+    monkeypatch.setenv(compiled.SOURCES_ENV_VAR, "0")
+    assert check_compiled_build(str(root), ("fakepkg",)) == []
+    assert capsys.readouterr().err == ""
+    sys.path.insert(0, str(root))
+    try:
+        assert importlib.import_module("fakepkg.fast").X == "fast"  # the .py, not the fake .so
+    finally:
+        sys.path.remove(str(root))
+
+
+def test_set_up_compiles_only_when_needed_and_never_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    modules, packages = ("fakepkg/fast.py", "fakepkg/slow.py"), ("fakepkg",)
+    (tmp_path / "fresh").mkdir()
+    (tmp_path / "stale").mkdir()
+    fresh = _tree(tmp_path / "fresh", vouched=("fast", "slow"))
+    assert is_fresh(fresh, modules, packages)
+    assert compile_if_needed(fresh, modules=modules, packages=packages) == (
+        "compiled build up to date (2 modules)"
+    )
+    stale = _tree(tmp_path / "stale", vouched=("fast",))
+    assert not is_fresh(stale, modules, packages)
+    monkeypatch.setattr(cmd_compile, "missing_toolchain", lambda: "no C compiler found")
+    line = compile_if_needed(stale, modules=modules, packages=packages)
+    assert line.startswith("not compiling the simulator's hot modules (no C compiler found)")
+    assert "Python sources" in line and "\n" not in line
+
+    def failing_build(root: Path, modules: Sequence[str], jobs: int | None = None) -> float:
+        raise UserError("mypyc build failed (nothing was installed):\nerror: line 1\nmore")
+
+    built: list[Path] = []
+
+    def build(root: Path, modules: Sequence[str], jobs: int | None = None) -> float:
+        built.append(root)
+        return 61.2
+
+    monkeypatch.setattr(cmd_compile, "missing_toolchain", lambda: None)
+    monkeypatch.setattr(cmd_compile, "compile_modules", failing_build)
+    line = compile_if_needed(stale, modules=modules, packages=packages)
+    assert line.startswith("mypyc build failed (nothing was installed): the simulator runs")
+    assert "\n" not in line
+    monkeypatch.setattr(cmd_compile, "compile_modules", build)
+    assert compile_if_needed(stale, modules=modules, packages=packages) == (
+        "compiled 2 modules in 61 s"
+    )
+    assert built == [stale]

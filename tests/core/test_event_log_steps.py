@@ -8,6 +8,7 @@ import pytest
 from engine.core.events import (
     STEP_COLUMNS,
     STEP_ROWS_BUFFERED,
+    EventKind,
     EventLog,
     StepColumns,
     StepRecord,
@@ -143,3 +144,30 @@ def test_each_field_lands_in_its_own_column() -> None:
     by_columns.record_steps(StepColumns(**{name: [v] for name, v in values.items()}))
     for log in (by_record, by_columns):
         assert _columns(log) == {name: [value] for name, value in values.items()}
+
+
+def test_a_log_rebuilt_from_its_export_reads_the_same() -> None:
+    log = EventLog()
+    for i in range(3):
+        log.record(f"r{i}", EventKind.ARRIVAL, 0.1 * i, 10 + i)
+    log.record("r1", EventKind.FINISHED, 2.0, "length")
+    for step in range(5):
+        log.record_step(_step(step, "token_budget" if step == 2 else ""))
+        log.record_token("r0", step)
+        if step > 2:
+            log.record_token("r1", step)
+        log.record_delivery(step, 0.5 * step + 0.45)
+    log.close_request("r0")
+    rebuilt = EventLog.from_export(log.export())
+    assert list(rebuilt.iter_events()) == list(log.iter_events())
+    assert _columns(rebuilt) == _columns(log)
+    assert rebuilt.delivered_times() == log.delivered_times()
+    assert rebuilt.index_of("r2") == 2 and rebuilt.num_steps == 5
+    rebuilt.record("r3", EventKind.ARRIVAL, 1.0, 5)  # and it keeps growing
+    assert rebuilt.req_ids == ["r0", "r1", "r2", "r3"]
+    broken = log.export()
+    broken["events"] = {**broken["events"], "time_s": list(broken["events"]["time_s"])[:-1]}
+    with pytest.raises(ValueError, match="unequal lengths"):
+        EventLog.from_export(broken)
+    with pytest.raises(ValueError, match="repeat a request"):
+        EventLog.from_export({**log.export(), "req_ids": ["r0", "r0", "r2"]})

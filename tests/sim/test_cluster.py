@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from engine.core.request import Request, SamplingParams
-from engine.core.routing import (
+from sim.cluster import (
+    RING_POINTS,
     LeastKVRouter,
     LeastOutstandingRouter,
     PrefixAwareRouter,
@@ -14,7 +15,10 @@ from engine.core.routing import (
     RoundRobinRouter,
     UnknownRouterError,
     VLLMRouter,
-    make_router,
+    check_router,
+    consistent_hash_choices,
+    random_choices,
+    routing_keys,
 )
 from sim.config import SimConfig
 from sim.runtime import run_simulation
@@ -29,9 +33,34 @@ def view(i: int, out: int = 0, running: int = 0, waiting: int = 0, kv: float = 0
 
 
 def test_round_robin_cycles() -> None:
-    r = RoundRobinRouter()
-    views = [view(0), view(1), view(2)]
-    assert [r.choose(REQ, views) for _ in range(5)] == [0, 1, 2, 0, 1]
+    r = RoundRobinRouter(3)
+    assert [r.pick(seq) for seq in (7, 3, 9, 1, 0)] == [0, 1, 2, 0, 1]  # order, not seq
+
+
+def test_random_router_is_seeded_uniform_and_per_request() -> None:
+    a = random_choices(seed=0, num_requests=40_000, num_replicas=4)
+    assert (a == random_choices(0, 40_000, 4)).all()
+    assert not (a == random_choices(1, 40_000, 4)).all()
+    assert np.abs(np.bincount(a, minlength=4) / 40_000 - 0.25).max() < 0.01
+
+
+def test_consistent_hashing_keeps_a_prefix_home_and_moves_few_keys() -> None:
+    from workload.build import build_workload
+
+    w = build_workload(WorkloadConfig(dataset_name="prefix_repetition", num_prompts=400,
+                                      prefix_repetition_num_prefixes=12))
+    keys = routing_keys(w)
+    choices = consistent_hash_choices(keys, 4)
+    for prefix in np.unique(w.shared_prefix_ids):
+        assert len(set(choices[w.shared_prefix_ids == prefix].tolist())) == 1
+    # requests without a shared prefix each have their own key (and spread over replicas)
+    many = np.arange(20_000, dtype=np.uint64)
+    share = np.bincount(consistent_hash_choices(many, 8), minlength=8) / len(many)
+    assert share.min() > 0.5 / 8 and share.max() < 1.5 / 8, (share, RING_POINTS)
+    # a ninth replica takes keys only from the others: none moves between the first eight
+    before, after = consistent_hash_choices(many, 8), consistent_hash_choices(many, 9)
+    moved = before != after
+    assert (after[moved] == 8).all() and 0.05 < moved.mean() < 0.2
 
 
 def test_least_outstanding_and_least_kv() -> None:
@@ -57,8 +86,8 @@ def test_vllm_balancer_score() -> None:
 
 
 def test_unknown_router() -> None:
-    with pytest.raises(UnknownRouterError, match="valid: round_robin"):
-        make_router("random")
+    with pytest.raises(UnknownRouterError, match="valid: round_robin, random, consistent_hash"):
+        check_router("nearest")
 
 
 def _shared_prefix_run(router: str) -> tuple[float, float]:
@@ -155,3 +184,29 @@ def test_a_closed_loop_client_wakes_for_an_earlier_delivery_of_another_replica()
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def test_a_request_tokenized_sooner_is_routed_then() -> None:
+    """With two API servers a request sent later can leave them sooner; the router must route
+    it at that time, not when the earlier-sent request is ready (it slept until then)."""
+    from engine.core.events import EventKind
+    from sim.runtime import SimRuntime
+    from workload.stream import Workload
+
+    ones = np.ones(2, dtype=np.int64)
+    w = Workload(
+        send_time_s=np.asarray([0.0, 0.001]), prompt_lens=np.asarray([4000, 10]),
+        output_lens=4 * ones, priorities=0 * ones, shared_prefix_ids=-ones,
+        shared_prefix_lens=0 * ones, max_concurrency=None, source="hand-built",
+    )
+    cfg = SimConfig.from_dict({"data_parallel_size": 2, "router": "least_outstanding",
+                               "frontend": {"num_api_servers": 2}})
+    log = SimRuntime(cfg, workload=w).run().event_log
+    times: dict[tuple[str, EventKind], float] = {}
+    for e in log.iter_events(expand_tokens=False):
+        times.setdefault((e.req_id, e.kind), e.time_s)
+    tokenized = {r: times[r, EventKind.TOKENIZED] for r in ("0", "1")}
+    assert tokenized["1"] < tokenized["0"]
+    ipc = cfg.frontend.ipc_latency_s
+    for r in ("0", "1"):  # each reaches its idle engine straight from the router
+        assert times[r, EventKind.ENGINE_ENQUEUED] == tokenized[r] + ipc

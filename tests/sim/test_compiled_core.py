@@ -21,6 +21,7 @@ from xml.etree import ElementTree
 import pandas as pd
 import pytest
 
+from engine.compiled import SOURCES_ENV_VAR
 from experiments.cli.cmd_compile import HOT_MODULES, compile_modules, missing_toolchain
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,6 +51,7 @@ SIM_ARGS = [
 def _env(root: Path) -> dict[str, str]:
     env = dict(os.environ, PYTHONPATH=str(root), TWINSERVE_TEST_COMPILED="1")
     env.pop("PYTEST_ADDOPTS", None)
+    env.pop(SOURCES_ENV_VAR, None)  # the suite's own "run the sources" (tests/conftest.py)
     return env
 
 
@@ -115,7 +117,10 @@ def test_compiled_simulation_writes_the_same_run(compiled_tree: Path, tmp_path: 
     runs = {}
     for label, root in (("compiled", compiled_tree), ("python", ROOT)):
         out = tmp_path / label
+        # the sources of this tree (even where `make demo` compiled it), the copy's build
         env = dict(os.environ, PYTHONPATH=str(root))
+        if label == "compiled":
+            env.pop(SOURCES_ENV_VAR, None)
         proc = subprocess.run(
             [sys.executable, "-m", "experiments.cli", *SIM_ARGS, "--out", str(out)],
             cwd=root, env=env, capture_output=True, text=True,

@@ -370,3 +370,15 @@ def test_a_gpu_without_tables_falls_back_to_the_roofline(monkeypatch: pytest.Mon
     assert isinstance(make_cost_model(SimConfig(gpu="h100-bare")), RooflineCostModel)
     with pytest.raises(ConfigError, match="needs measured kernel tables"):
         SimConfig(gpu="h100-bare", cost_model="vllm")
+
+
+@given(st.lists(st.floats(-1e6, 1e6), max_size=40), st.floats(-2e6, 2e6))
+def test_interp_bisect_right_is_the_library_s(values: list[float], x: float) -> None:
+    import bisect
+
+    from sim.cost.interp import bisect_right
+
+    xs = sorted(values)
+    assert bisect_right(xs, x) == bisect.bisect_right(xs, x)
+    for v in xs:  # at each value (duplicates included)
+        assert bisect_right(xs, v) == bisect.bisect_right(xs, v)
