@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from engine.output_dir import MANIFEST_NAME
+
 ROOT = Path(__file__).resolve().parents[1]
 VIDUR = "bench/data/vidur_stream_conv_qps0.75_n10000.csv"
 _RANDOM = ["--dataset-name", "random", "--random-input-len", "1024", "--random-output-len", "128"]
@@ -170,6 +172,8 @@ def compare_run_dirs(a: Path, b: Path) -> list[str]:
             out.append(f"{name}: only in {'base' if pa.exists() else 'new'}")
         elif pa.is_dir() or pb.is_dir():
             continue  # plots/: not written (--no-plots)
+        elif name == MANIFEST_NAME:
+            continue  # sizes and checksums of the files compared here, volatile ones included
         elif name.endswith(".parquet"):
             if pa.read_bytes() != pb.read_bytes():
                 out.append(f"{name}: {_table_difference(pa, pb)}")
