@@ -39,7 +39,7 @@ from reports.errors import ReportError
 if TYPE_CHECKING:
     from reports.meta import RunMeta
     from reports.options import SummaryOptions
-    from reports.run_dir import WrittenRun
+    from reports.written import WrittenRun
 
 #: Logs with more steps than this are written in-process (copying one to the report process
 #: would briefly double the memory a long run holds).

@@ -27,7 +27,6 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -44,6 +43,7 @@ from reports.meta import RunMeta, meta_dict, read_json, token_budget, write_json
 from reports.metrics import summarize
 from reports.stats import DEFAULT_PERCENTILE_METRICS, DEFAULT_PERCENTILES
 from reports.tables import STAGE_COLUMNS, RunTables, build_tables
+from reports.written import WrittenRun, commit_run
 
 TABLES: tuple[str, ...] = ("requests", "steps", "token_runs")
 FileFormat = Literal["parquet", "csv"]
@@ -295,16 +295,6 @@ def write_report_files(
     return summary
 
 
-@dataclass(frozen=True, slots=True)
-class WrittenRun:
-    """What ``write_run_files`` put into a directory, for its manifest."""
-
-    summary: dict[str, Any]  # the summary.json object
-    rows: dict[str, int]  # table file -> row count
-    data: tuple[str, ...]  # the files a reader needs intact: config.json and the tables
-    report_options: dict[str, Any]  # report_options_dict of the summary
-
-
 def write_run_files(
     out_dir: str | Path,
     tables: RunTables,
@@ -332,12 +322,6 @@ def write_run_files(
     )
     options = report_options_dict(goodput, percentiles, percentile_metrics, detailed)
     return WrittenRun(summary, rows, ("config.json", *rows), options)
-
-
-def commit_run(out: OutputDir, written: WrittenRun) -> Path:
-    """Publish a run directory written into ``out.staging`` (manifest last, then rename)."""
-    return out.commit(rows=written.rows, data=written.data,
-                      info={"report_options": written.report_options})
 
 
 def open_run_dir(path: str | Path, what: str = "--out") -> OutputDir:

@@ -88,8 +88,7 @@ def write_run(
     tables) before the commit. ``args`` gives ``--no-plots`` and ``--format``; a report error
     is a ``UserError``.
     """
-    from reports.metrics import format_summary
-    from reports.run_dir import commit_run
+    from reports.written import commit_run
 
     assert run.log is not None, "a FinishedRun is written once"
     plots, file_format = not args.no_plots, args.format
@@ -103,6 +102,7 @@ def write_run(
         else:
             _empty(out.staging)  # whatever the process left before it failed
     if written is None:
+        from reports.metrics import format_summary
         from reports.run_dir import write_run_files
         from reports.tables import build_tables
 

@@ -186,8 +186,9 @@ def write_bench_run_dir(out_dir: Path, record: BenchRecord, *, server: JoinedSer
     ``engine_config`` is the served engine's whole config when the caller knows it (the
     records know only its KV blocks and max_model_len)."""
     from reports.errors import ReportError
-    from reports.run_dir import commit_run, open_run_dir, write_run_files
+    from reports.run_dir import open_run_dir, write_run_files
     from reports.tables import ExportedLog, build_tables
+    from reports.written import commit_run
 
     meta = dict(record.meta)
     if server is not None:

@@ -152,8 +152,9 @@ def cpu_share(log: EventLog, cpu_s: float) -> float | None:
 def write_measured(run: MeasuredRun, out_dir: Path, *, plots: bool) -> Path:
     """The measured run's directory, with the shapes of the steps it executed
     (``step_shapes.csv``), written whole."""
-    from reports.run_dir import commit_run, open_run_dir, write_run_files
+    from reports.run_dir import open_run_dir, write_run_files
     from reports.tables import build_tables
+    from reports.written import commit_run
 
     with open_run_dir(out_dir, "run directory") as out:
         written = write_run_files(out.staging, build_tables(run.log), run.meta, plots=plots,
