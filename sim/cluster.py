@@ -23,10 +23,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Final, Protocol
 
 import numpy as np
 
+from engine.core.routing import ROUTERS as SHARED_ROUTERS
 from engine.core.routing import (
     LeastKVRouter,
     LeastOutstandingRouter,
@@ -38,7 +40,10 @@ from engine.core.routing import (
 )
 from workload.stream import Workload
 
-__all__ = ["ReplicaView", "Router", "UnknownRouterError"]
+__all__ = [  # the shared routers, re-exported beside the simulator's own
+    "LeastKVRouter", "LeastOutstandingRouter", "PrefixAwareRouter", "ReplicaView", "Router",
+    "UnknownRouterError", "VLLMRouter",
+]
 
 
 class IndependentRouter(Protocol):
@@ -153,12 +158,15 @@ INDEPENDENT_ROUTERS: dict[str, Callable[[RouterInputs], IndependentRouter]] = {
     ),
 }
 
-#: Routers that read the replicas' state.
+def _shared_router(factory: Callable[[int], Router], inputs: RouterInputs) -> Router:
+    return factory(inputs.load_cap)
+
+
+#: Routers that read the replicas' state: the shared ones (``engine.core.routing.ROUTERS``, in
+#: their order) but round robin, which the simulator runs as an ``IndependentRouter``.
 STATE_ROUTERS: dict[str, Callable[[RouterInputs], Router]] = {
-    "least_outstanding": lambda x: LeastOutstandingRouter(),
-    "least_kv": lambda x: LeastKVRouter(),
-    "prefix_aware": lambda x: PrefixAwareRouter(x.load_cap),
-    "vllm": lambda x: VLLMRouter(),
+    name: partial(_shared_router, factory)
+    for name, factory in SHARED_ROUTERS.items() if name not in INDEPENDENT_ROUTERS
 }
 
 #: Every router's name.
