@@ -19,10 +19,10 @@ from typing import Any
 from engine.output_dir import OutputDir, atomic_write_text
 from reports.errors import ReportError
 from reports.meta import write_json
-from reports.metrics import METRIC_TITLES, summarize
+from reports.metrics import summarize
 from reports.render import Block, to_html, to_markdown
 from reports.run_dir import load_run_dir
-from reports.stats import PERCENTILE_METRICS, percentile_word
+from reports.stats import METRIC_TITLES, PERCENTILE_METRICS, percentile_word
 
 DEFAULT_COMPARE_PERCENTILES: tuple[float, ...] = (50.0, 90.0, 99.0)
 #: throughput-like keys compared besides the latency statistics

@@ -41,6 +41,8 @@ from reports.options import check_goodput, parse_percentile_metrics, parse_perce
 from reports.stats import (
     DEFAULT_PERCENTILE_METRICS,
     DEFAULT_PERCENTILES,
+    METRIC_TITLES,
+    MS_PER_S,
     PERCENTILE_METRICS,
     Describe,
     describe,
@@ -48,16 +50,6 @@ from reports.stats import (
     percentile_word,
 )
 from reports.tables import RunTables
-
-#: vllm's ``MILLISECONDS_TO_SECONDS_CONVERSION``
-MS_PER_S = 1000
-#: (key, printed name, section header) of each percentile metric, in vllm's order
-METRIC_TITLES: dict[str, tuple[str, str]] = {
-    "ttft": ("TTFT", "Time to First Token"),
-    "tpot": ("TPOT", "Time per Output Token (excl. 1st token)"),
-    "itl": ("ITL", "Inter-token Latency"),
-    "e2el": ("E2EL", "End-to-end Latency"),
-}
 
 
 def _encode_rate(rate: Any) -> float | str | None:

@@ -17,8 +17,8 @@ from typing import Any
 
 from engine.output_dir import atomic_write_text
 from reports.breakdown import SEGMENT_BY_NAME, path_segments
-from reports.metrics import METRIC_TITLES, format_summary
-from reports.stats import percentile_word
+from reports.metrics import format_summary
+from reports.stats import METRIC_TITLES, percentile_word
 
 
 @dataclass(frozen=True, slots=True)

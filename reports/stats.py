@@ -29,6 +29,15 @@ DEFAULT_PERCENTILES: tuple[float, ...] = (99.0,)
 DEFAULT_PERCENTILE_METRICS: tuple[str, ...] = ("ttft", "tpot", "itl")
 #: The metrics ``summarize`` can report percentiles for.
 PERCENTILE_METRICS: tuple[str, ...] = ("ttft", "tpot", "itl", "e2el")
+#: vllm's ``MILLISECONDS_TO_SECONDS_CONVERSION``
+MS_PER_S = 1000
+#: (printed name, section header) of each percentile metric, in vllm's order
+METRIC_TITLES: dict[str, tuple[str, str]] = {
+    "ttft": ("TTFT", "Time to First Token"),
+    "tpot": ("TPOT", "Time per Output Token (excl. 1st token)"),
+    "itl": ("ITL", "Inter-token Latency"),
+    "e2el": ("E2EL", "End-to-end Latency"),
+}
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,14 +31,12 @@ from typing import Any
 import numpy as np
 
 from experiments.loadgen.client import RequestOutput
+from reports.stats import METRIC_TITLES, MS_PER_S
 
-MS_PER_S = 1000
-#: vllm bench serve's percentile metrics: key -> (printed name, section header)
+#: vllm bench serve's percentile metrics: key -> (printed name, section header); the client's
+#: queueing metrics come on top of the four every report has.
 METRICS: dict[str, tuple[str, str]] = {
-    "ttft": ("TTFT", "Time to First Token"),
-    "tpot": ("TPOT", "Time per Output Token (excl. 1st token)"),
-    "itl": ("ITL", "Inter-token Latency"),
-    "e2el": ("E2EL", "End-to-end Latency"),
+    **METRIC_TITLES,
     "client_queue_time": ("Client Queue Time", "Client-side Queueing"),
     "e2el_including_client_queue": ("E2EL incl. Client Queue",
                                     "Queue-inclusive End-to-end Latency"),
