@@ -3,12 +3,13 @@
 The report stack (pandas, pyarrow, ``reports``) takes ≈ 0.4 s to import, about as long as the
 whole simulation of a small run. ``ReportProcess.start()``, called before a run, forks a process
 that imports it meanwhile on another core and then waits; after the run, ``write`` sends it the
-event log (``EventLog.export()``: plain arrays, column by column) and the run's *staging*
-directory, and it builds the tables and writes the run's files there exactly as
-``reports.run_dir.write_run_files`` does in-process (it is that function), returning what it
-wrote and the printed summary. A log of more than ``MAX_STEPS_COPIED`` steps is handed over
-rather than copied (the run keeps none of it), and the process frees each part of it once its
-tables are built: a million-request run never holds its log and its tables together. The run
+event log (``EventLog.export()``, a column at a time: typed arrays as their raw bytes, not
+pickled; ``send_export``) and the run's *staging* directory, and it builds the tables and
+writes the run's files there exactly as ``reports.run_dir.write_run_files`` does in-process (it
+is that function), returning what it wrote and the printed summary. A log of more than
+``MAX_STEPS_COPIED`` steps is handed over rather than copied (the run keeps none of it), and the
+process frees each part of it once its tables are built: a million-request run never holds its
+log and its tables together. The run
 itself commits the directory: a report process never publishes one, and it dies with the run
 (``engine.process_guard.die_with_parent``), so an orphan can neither finish nor publish.
 
@@ -267,7 +268,7 @@ def recv_export(conn: Connection) -> dict[str, Any]:
 def _send_column(conn: Connection, column: object) -> None:
     if isinstance(column, array):
         conn.send(("array", column.typecode))
-        conn.send_bytes(column)
+        conn.send_bytes(memoryview(column).cast("B"))  # as bytes: send_bytes would copy it
     else:
         conn.send(("value", column))
 

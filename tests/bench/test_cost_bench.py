@@ -48,6 +48,44 @@ def test_validation_rows_are_simulated_or_say_why(capsys: pytest.CaptureFixture[
     assert rows[0] == "row_id,source,metric,published,auto,roofline" and len(rows) == 13
 
 
+def test_the_aiperf_procedure_warms_up_then_measures_a_burst_from_idle(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``2·c`` warm-up requests drain before ``20·c`` measured ones start together; prompts
+    come from a pool of 100, so a measured prompt is often one the prefix cache holds."""
+    from sim.config import SimConfig
+    from sim.runtime import SimRuntime
+    from workload.config import WorkloadConfig
+
+    runs: list[object] = []
+
+    class Recording(SimRuntime):
+        def run(self):  # type: ignore[no-untyped-def]
+            result = super().run()
+            runs.append(result)
+            return result
+
+    monkeypatch.setattr("sim.runtime.SimRuntime", Recording)
+    cfg = SimConfig(model="llama-3.1-8b", gpu="h100-sxm", workload=WorkloadConfig(
+        dataset_name="random", num_prompts=12, request_rate=float("inf"), max_concurrency=4,
+        random_input_len=256, random_output_len=8, seed=0))
+    metrics = cost_validation.aiperf_metrics(cfg)
+    warm, full = runs
+    assert len(warm.workload) == 8 and len(full.workload) == 88  # 2·c, then 2·c + 20·c
+    from reports.tables import build_tables
+
+    req = build_tables(full.event_log).requests.sort_values("req_index")
+    arrivals = req["arrival_s"].to_numpy()
+    drained = req["last_token_delivered_s"].to_numpy()[:8].max()
+    assert (arrivals[:4] == 0).all() and (arrivals[8:] > drained).all()  # c at once, twice
+    assert (arrivals[8:12] == arrivals[8]).all()  # the first c measured requests: at once
+    assert len(set(full.workload.shared_prefix_ids.tolist())) <= 100
+    assert (req["prefix_hit_tokens"].to_numpy()[8:] > 0).any()
+    measured = req.iloc[8:]
+    assert metrics["ttft"] == pytest.approx(measured["ttft_s"].mean() * 1e3)
+    assert metrics["tpot"] == pytest.approx(measured["tpot_s"].mean() * 1e3)
+
+
 def test_validation_set_states_its_sources() -> None:
     rows = cost_validation.read_rows()
     assert len(rows) == 279
