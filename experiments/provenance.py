@@ -31,8 +31,9 @@ def git_commit() -> str | None:
     return (sha + ("-dirty" if dirty else "")) or None
 
 
-def provenance() -> Provenance:
-    """What code runs here, now."""
+def provenance(compiled_modules: int | None = None) -> Provenance:
+    """What code runs here, now; ``compiled_modules``: how many ran compiled where the run was
+    computed, if not in this process (a sharded run's workers)."""
     try:
         version = metadata.version("twinserve")
     except metadata.PackageNotFoundError:
@@ -42,5 +43,6 @@ def provenance() -> Provenance:
         git_commit=git_commit(),
         date=dt.datetime.now().strftime("%Y%m%d-%H%M%S"),
         python=platform.python_version(),
-        compiled_modules=len(loaded_compiled_modules()),
+        compiled_modules=(len(loaded_compiled_modules()) if compiled_modules is None
+                          else compiled_modules),
     )

@@ -87,7 +87,7 @@ def simulated_run_meta(result: SimResult) -> RunMeta:
         ),
         reject_reasons=result.reject_reasons,
         notes={"step_costs": step_costs_label(cfg)},
-        provenance=provenance(),
+        provenance=provenance(compiled_modules=result.compiled_modules),
         scheduling_policy=result.scheduling_policy,
     )
 

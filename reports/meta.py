@@ -28,7 +28,8 @@ Its keys:
 ``git_commit``          the source tree's commit (None if unknown)
 ``date``                ``YYYYmmdd-HHMMSS`` when the run was described (set on write if absent)
 ``python``              the Python version
-``compiled_modules``    how many modules ran compiled (``twinserve compile``; 0 = Python sources)
+``compiled_modules``    how many modules ran compiled (``twinserve compile``; 0 = Python sources;
+                        a sharded run: the fewest in any of its workers)
 ``label``               a name for comparisons (optional)
 ======================  ==========================================================================
 """

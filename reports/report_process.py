@@ -3,7 +3,8 @@
 The report stack (pandas, pyarrow, ``reports``) takes ≈ 0.4 s to import, about as long as the
 whole simulation of a small run. ``ReportProcess.start()``, called before a run, forks a process
 that imports it meanwhile on another core and then waits; after the run, ``write`` sends it the
-event log (``EventLog.export()``: plain arrays) and the run's *staging* directory, and it builds
+event log (``EventLog.export()``: plain arrays, whose bytes go through the pipe as they are,
+not pickled: ``send_export``) and the run's *staging* directory, and it builds
 the tables and writes the run's files there exactly as ``reports.run_dir.write_run_files`` does
 in-process (it is that function), returning what it wrote and the printed summary. The run
 itself commits the directory: a report process never publishes one, and it dies with the run
@@ -28,7 +29,9 @@ import os
 import signal
 import sys
 import traceback
+from array import array
 from collections.abc import Mapping
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -88,7 +91,8 @@ class ReportProcess:
         try:
             if log.num_steps > MAX_STEPS_SENT:
                 return None
-            self._conn.send((log.export(), meta, str(out_dir), options, plots, file_format))
+            send_export(self._conn, log.export(), (meta, str(out_dir), options, plots,
+                                                   file_format))
             self._sent = True
             status, value = self._conn.recv()
         except (EOFError, OSError):
@@ -142,13 +146,13 @@ def _serve(conn: Connection, parent_end: Connection | None = None,
         _reply(conn, "crash", traceback.format_exc())
         return
     try:
-        request = conn.recv()
+        exported, request = recv_export(conn)
     except (EOFError, OSError, KeyboardInterrupt):
         return  # the run ended without a report (an error, an interruption)
     try:
-        exported, meta, out_dir, options, plots, file_format = request
+        meta, out_dir, options, plots, file_format = request
         tables = build_tables(ExportedLog(exported))
-        del exported, request
+        del exported
         written = write_run_files(
             Path(out_dir), tables, meta, goodput=options.goodput,
             percentiles=options.percentiles, percentile_metrics=options.percentile_metrics,
@@ -159,6 +163,49 @@ def _serve(conn: Connection, parent_end: Connection | None = None,
         _reply(conn, "report-error", str(exc))
     except BaseException:
         _reply(conn, "crash", traceback.format_exc())
+
+
+@dataclass(frozen=True, slots=True)
+class _Buffer:
+    """Where a typed array of the exported log was: its bytes follow the message."""
+
+    typecode: str
+
+
+def send_export(conn: Connection, exported: dict[str, Any], rest: tuple[Any, ...]) -> None:
+    """Send ``(exported, rest)``: one pickled message in which every typed array of
+    ``exported`` (nested dicts of arrays and lists) is a ``_Buffer``, then the arrays' bytes as
+    they are, in the order the message names them. Pickling the arrays would copy them twice
+    more (≈ 0.07 s of CPU for a 10,000-request run's 27 MB)."""
+    buffers: list[array[Any]] = []
+
+    def strip(value: Any) -> Any:
+        if isinstance(value, array):
+            buffers.append(value)
+            return _Buffer(value.typecode)
+        if isinstance(value, dict):
+            return {key: strip(item) for key, item in value.items()}
+        return value
+
+    conn.send((strip(exported), rest))
+    for buffer in buffers:
+        conn.send_bytes(memoryview(buffer).cast("B"))
+
+
+def recv_export(conn: Connection) -> tuple[dict[str, Any], tuple[Any, ...]]:
+    """What ``send_export`` sent: the exported log with its arrays back, and the rest."""
+    skeleton, rest = conn.recv()
+
+    def fill(value: Any) -> Any:
+        if isinstance(value, _Buffer):
+            restored = array(value.typecode)
+            restored.frombytes(conn.recv_bytes())
+            return restored
+        if isinstance(value, dict):
+            return {key: fill(item) for key, item in value.items()}
+        return value
+
+    return fill(skeleton), rest
 
 
 def _follow_parent(parent_pid: int) -> None:

@@ -139,19 +139,23 @@ def _read_table_file(path: Path) -> pd.DataFrame:
         for col in df.columns:
             if col not in TEXT_COLUMNS:
                 df[col] = df[col].astype(np.int64 if _is_count(col) else np.float64)
-    if "admission_blocker" in df:
-        df["admission_blocker"] = pd.Categorical(
-            df["admission_blocker"].fillna("").astype(str)
-        )
+    for col in ("admission_blocker", "tenant", "slo_class"):  # "" (read back as NaN): none
+        if col in df:
+            df[col] = _labels(df[col])
     for col in ("finish_reason", "rejected_reason"):
         if col in df:
             df[col] = pd.Categorical(df[col].astype(object))
-    for col in ("tenant", "slo_class"):  # labels: "" (read back as NaN) for none
-        if col in df:
-            df[col] = pd.Categorical(df[col].fillna("").astype(str))
     if "success" in df:
         df["success"] = df["success"].astype(bool)
     return df
+
+
+def _labels(column: pd.Series) -> pd.Categorical:
+    """A text column read from CSV as categories, "" where it was empty. A column empty
+    throughout reads back as float NaN: made text first (filling a float column with "" is
+    deprecated in pandas)."""
+    text = column.astype(object)
+    return pd.Categorical(text.where(text.notna(), "").astype(str))
 
 
 def _table_files(d: Path, manifest: Mapping[str, Any]) -> list[str]:

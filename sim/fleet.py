@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.compiled import loaded_compiled_modules
 from engine.core.events import EventLog
 from sim.cluster import INDEPENDENT_ROUTERS, RouterInputs
 from sim.config import SimConfig, resolve_engine_config
@@ -64,6 +65,7 @@ class ShardResult:
     wall_time_s: float
     output_busy_s: dict[int, float]  # replica -> its output processor's busy time
     reject_reasons: dict[str, str] = field(default_factory=dict)
+    compiled_modules: int = 0  # modules that ran compiled in the worker
 
 
 def run_shard(cfg_dict: dict[str, Any], shard: Shard) -> ShardResult:
@@ -83,6 +85,7 @@ def run_shard(cfg_dict: dict[str, Any], shard: Shard) -> ShardResult:
         wall_time_s=stats.wall_time_s,
         output_busy_s={r.index: r.out.busy_s for r in runtime.replicas},
         reject_reasons=result.reject_reasons,
+        compiled_modules=len(loaded_compiled_modules()),
     )
 
 
@@ -126,7 +129,8 @@ def simulate_sharded(cfg: SimConfig, num_shards: int, submit: Submit) -> SimResu
     )
     stats.wall_time_s = time.perf_counter() - start
     reasons = {k: v for r in results for k, v in r.reject_reasons.items()}
-    return SimResult(cfg, resolve_engine_config(cfg), workload, log, stats, reasons)
+    return SimResult(cfg, resolve_engine_config(cfg), workload, log, stats, reasons,
+                     compiled_modules=min(r.compiled_modules for r in results))
 
 
 def merge_logs(results: Sequence[ShardResult], num_requests: int) -> EventLog:

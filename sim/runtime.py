@@ -136,6 +136,9 @@ class SimResult:
     stats: SimStats
     reject_reasons: dict[str, str] = field(default_factory=dict)
     scheduling_policy: dict[str, object] = field(default_factory=dict)  # policy_summary
+    # modules that ran compiled where the run was simulated; None: in this process (a sharded
+    # run: the fewest of any worker, which may be another machine)
+    compiled_modules: int | None = None
 
 
 def make_cost_model(cfg: SimConfig, engine_config: EngineConfig | None = None) -> CostModel:

@@ -69,21 +69,40 @@ class Workload:
     def prompt_block_keys(self, index: int, block_size: int) -> Sequence[Hashable]:
         """Prefix identity of each full prompt block of request ``index`` that it may share.
 
-        Blocks not listed (past the shared part) are unique to the request.
+        Blocks not listed (past the shared part) are unique to the request. A key is a
+        non-negative int (cheap to hash, as ``PrecomputedBlockHasher`` wants prompt keys):
+        ``(prefix << 33) | (block << 1) | kind``, where ``prefix`` is the trace's hash id of
+        the block's last token (kind 0; ``_natural`` maps a negative id to an odd number) or
+        the shared prefix's id (kind 1), and ``block`` is the block's index (< 2**32), so two
+        keys are equal exactly when kind, prefix and block are.
         """
         n_full = int(self.prompt_lens[index]) // block_size
         if self.hash_ids is not None:
             ids = self.hash_ids[index]
             hb = self.hash_block_tokens
-            keys = []
-            for i in range(n_full):
-                j = ((i + 1) * block_size - 1) // hb
-                if j >= len(ids):
-                    break
-                keys.append(("mc", ids[j], i))
+            # block i ends at token (i + 1) * block_size - 1, inside hash block
+            # ((i + 1) * block_size - 1) // hb: the blocks up to the end of the listed ids
+            count = min(n_full, len(ids) * hb // block_size)
+            if hb % block_size:
+                return [(_natural(ids[((i + 1) * block_size - 1) // hb]) << 33) | (i << 1)
+                        for i in range(count)]
+            # blocks j·per .. (j + 1)·per − 1 lie in hash block j: a range of keys each
+            per = hb // block_size
+            keys: list[int] = []
+            for j in range(-(-count // per)):
+                first = (_natural(ids[j]) << 33) + 2 * j * per
+                keys.extend(range(first, first + 2 * per, 2))
+            del keys[count:]
             return keys
         pid = int(self.shared_prefix_ids[index])
         if pid < 0:
             return ()
         n_shared = min(int(self.shared_prefix_lens[index]) // block_size, n_full)
-        return [("pfx", pid, i) for i in range(n_shared)]
+        base = (pid << 33) | 1
+        return [base | (i << 1) for i in range(n_shared)]
+
+
+def _natural(hash_id: int) -> int:
+    """A trace's hash id as a distinct non-negative int (0, 1, 2 … → 0, 2, 4 …; −1, −2 … →
+    1, 3 …)."""
+    return 2 * hash_id if hash_id >= 0 else -2 * hash_id - 1

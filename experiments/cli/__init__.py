@@ -132,7 +132,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         # removed (the finally blocks ran); exit now rather than let the interpreter join
         # threads still waiting on work that was cancelled (plan's probe threads)
         os._exit(status)
+    else:
+        _exit_without_teardown(status)
     return status
+
+
+def _exit_without_teardown(status: int) -> None:
+    """End a finished command now, skipping the interpreter's teardown: freeing every
+    module's objects (numpy, pandas, pyarrow …) one by one costs ≈ 0.1 s of CPU after a
+    simulation, 5% of a 10,000-request run. What the teardown does that matters is done
+    first: the atexit handlers run (multiprocessing's clean-up, temporary directories,
+    Ray), and both streams are flushed. Only when no other thread runs — the interpreter
+    would wait for a non-daemon one — otherwise it returns and the normal exit follows."""
+    import atexit
+    import contextlib
+    import threading
+
+    run_exit_handlers = getattr(atexit, "_run_exitfuncs", None)
+    if run_exit_handlers is None or threading.active_count() > 1:
+        return
+    run_exit_handlers()
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        if stream is not None:  # lost output was counted in the status (Session.finish)
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+    os._exit(status)
 
 
 def _interrupted(exc: Interrupted) -> int:

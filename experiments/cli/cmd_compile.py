@@ -63,6 +63,7 @@ HOT_MODULES: tuple[str, ...] = (
     "engine/core/scheduler.py",
     "engine/core/step_output.py",
     "engine/core/step_records.py",
+    "sim/cost/attention.py",
     "sim/cost/interp.py",
     "sim/cost/roofline.py",
     "sim/cost/vllm_step.py",

@@ -18,7 +18,7 @@ import pytest
 
 from reports.errors import ReportError
 from reports.options import SummaryOptions
-from reports.report_process import ReportProcess, _serve
+from reports.report_process import ReportProcess, _serve, recv_export, send_export
 from sim.config import SimConfig
 from sim.runtime import run_simulation
 
@@ -114,6 +114,22 @@ def test_any_other_failure_leaves_the_report_to_the_caller(small_run: Any,
     a_file.write_text("")
     assert _reporter().write(small_run.event_log, {"kind": "simulated"}, a_file, OPTIONS,
                              plots=False, file_format="csv") is None
+
+
+def test_the_log_crosses_the_pipe_unchanged(small_run: Any) -> None:
+    """Its typed arrays travel as raw bytes, the rest pickled: what arrives equals what was
+    exported, array types included, and the message's other fields follow it."""
+    exported = small_run.event_log.export()
+    ours, theirs = Pipe()
+    sender = threading.Thread(target=send_export, args=(ours, exported, ("meta", 3)))
+    sender.start()  # the bytes may exceed the pipe's buffer: the receiver reads meanwhile
+    received, rest = recv_export(theirs)
+    sender.join()
+    assert rest == ("meta", 3) and received == exported
+    arrays = [(name, col.typecode) for name, col in exported["steps"].items()
+              if hasattr(col, "typecode")]
+    assert arrays and all(received["steps"][n].typecode == code for n, code in arrays)
+    assert type(received["steps"]["admission_blocker"]) is list
 
 
 class _Process:

@@ -76,6 +76,26 @@ def test_round_trip_gives_the_same_summary(tmp_path, file_format):
     assert tables.requests["req_id"].tolist() == ["a", "c", "b", "d"]
 
 
+def test_csv_text_columns_empty_throughout_read_back_as_empty_labels(tmp_path):
+    """A CSV column of "" only (no step ever blocked, no tenants) comes back as NaN floats
+    from pandas: it is read as the category "" without a warning (pandas deprecates filling
+    a float column with text)."""
+    import warnings
+
+    from reports.run_dir import _read_table_file
+
+    path = tmp_path / "t.csv"
+    path.write_text("step_id,admission_blocker,tenant\n0,,\n1,,\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        df = _read_table_file(path)
+    for col in ("admission_blocker", "tenant"):
+        assert isinstance(df[col].dtype, pd.CategoricalDtype), col
+        assert df[col].tolist() == ["", ""]
+    path.write_text("step_id,admission_blocker\n0,kv_cache\n1,\n")
+    assert _read_table_file(path)["admission_blocker"].tolist() == ["kv_cache", ""]
+
+
 def test_parquet_tables_are_written_in_row_groups(tmp_path, monkeypatch):
     """Small row groups (so no whole-table Arrow copy) read back as the tables pandas' own
     one-piece ``to_parquet`` gives."""

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from engine.compiled import loaded_compiled_modules
 from experiments.run_meta import simulated_run_meta
 from experiments.sweep.backends import PoolBackend, RayBackend
 from reports.metrics import summarize
@@ -125,6 +126,24 @@ def test_the_configurations_cover_what_they_claim() -> None:
     cfg = SimConfig.from_dict(CONFIGS["random, rejections, sync"])
     result = run_simulation(cfg)
     assert 0 < result.stats.num_rejected < 400
+
+
+def test_a_sharded_run_states_what_ran_compiled_in_its_workers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The run directory says how many modules ran compiled where the run was simulated: a
+    sharded run's workers (the fewest of any), not the process that merges them."""
+    import sim.fleet
+
+    counts = iter([["a", "b", "c"], ["a", "b"]])  # two workers, one with fewer compiled
+    monkeypatch.setattr(sim.fleet, "loaded_compiled_modules", lambda: next(counts))
+    result = simulate_sharded(SimConfig.from_dict(LIGHT), 2, _inline)
+    assert result.compiled_modules == 2
+    assert simulated_run_meta(result).provenance.compiled_modules == 2
+    single = run_simulation(SimConfig.from_dict(LIGHT))
+    assert single.compiled_modules is None  # this process's, counted when described
+    assert simulated_run_meta(single).provenance.compiled_modules == len(
+        loaded_compiled_modules())
 
 
 def test_shards_in_a_process_pool() -> None:

@@ -7,11 +7,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from workload.arrivals import synthetic_send_times
 from workload.build import build_workload
 from workload.config import WorkloadConfig
 from workload.errors import WorkloadError
+from workload.stream import Workload
 from workload.traces import load_trace
 
 
@@ -50,7 +53,9 @@ def test_random_dataset_lengths() -> None:
                                       random_prefix_len=32))
     assert w.prompt_lens.min() >= 50 + 32 and w.prompt_lens.max() <= 150 + 32
     assert w.output_lens.min() >= 5 and w.output_lens.max() <= 15
-    assert list(w.prompt_block_keys(3, 16)) == [("pfx", 0, 0), ("pfx", 0, 1)]
+    keys = w.prompt_block_keys(3, 16)  # floor(32 / 16) shared blocks, the same for all
+    assert len(keys) == 2 and keys == w.prompt_block_keys(4, 16)
+    assert all(type(k) is int and k >= 0 for k in keys)  # PrecomputedBlockHasher's rule
 
 
 def test_prefix_repetition_shares_prefix_blocks() -> None:
@@ -73,6 +78,54 @@ def test_azure_and_mooncake_traces_load() -> None:
     # requests 0 and 1 share their first 512-token block (hash id 0): 32 blocks of 16
     k0, k1 = mc.prompt_block_keys(0, 16), mc.prompt_block_keys(1, 16)
     assert k0[:32] == k1[:32] and k0[32] != k1[32]
+
+
+def _trace_workload(hash_ids: list[tuple[int, ...]], prompt_lens: list[int],
+                    hash_block_tokens: int) -> Workload:
+    n = len(prompt_lens)
+    ones = np.ones(n, dtype=np.int64)
+    return Workload(send_time_s=np.zeros(n), prompt_lens=np.array(prompt_lens, dtype=np.int64),
+                    output_lens=ones, priorities=0 * ones, shared_prefix_ids=-ones,
+                    shared_prefix_lens=0 * ones, max_concurrency=None, source="test",
+                    hash_ids=hash_ids, hash_block_tokens=hash_block_tokens)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ids=st.lists(st.lists(st.integers(-3, 3), max_size=6).map(tuple), min_size=2, max_size=3),
+    hash_block_tokens=st.sampled_from([4, 6, 8, 12, 32]),
+    block_size=st.sampled_from([1, 2, 3, 4, 8]),
+    extra_tokens=st.lists(st.integers(-20, 20), min_size=3, max_size=3),
+)
+def test_trace_block_keys_identify_hash_id_and_block(
+    ids: list[tuple[int, ...]], hash_block_tokens: int, block_size: int, extra_tokens: list[int]
+) -> None:
+    """Block i of a trace request is known by the hash id of the hash block holding its last
+    token, and i; blocks past the listed ids are the request's own. The keys (non-negative
+    ints) are equal across requests exactly when those are, on both paths (hash blocks a
+    multiple of the block size, or not)."""
+    lens = [max(1, len(h) * hash_block_tokens + x) for h, x in zip(ids, extra_tokens,
+                                                                    strict=False)]
+    w = _trace_workload(ids, lens, hash_block_tokens)
+
+    def identity(r: int) -> list[tuple[int, int]]:  # the rule, spelled out
+        out = []
+        for i in range(lens[r] // block_size):
+            j = ((i + 1) * block_size - 1) // hash_block_tokens
+            if j >= len(ids[r]):
+                break
+            out.append((ids[r][j], i))
+        return out
+
+    keys = [list(w.prompt_block_keys(r, block_size)) for r in range(len(ids))]
+    names = [identity(r) for r in range(len(ids))]
+    assert [len(k) for k in keys] == [len(n) for n in names]
+    assert all(type(k) is int and k >= 0 for ks in keys for k in ks)
+    flat_keys = [k for ks in keys for k in ks]
+    flat_names = [n for ns in names for n in ns]
+    for a in range(len(flat_keys)):
+        for b in range(len(flat_keys)):
+            assert (flat_keys[a] == flat_keys[b]) == (flat_names[a] == flat_names[b])
 
 
 def test_request_stream_csv_and_time_scale(tmp_path: Path) -> None:
