@@ -30,7 +30,17 @@ Workloads, fixed before looking at any error:
   ``vllm bench serve --max-concurrency c``);
 * ``vllm_ci_*`` latency — ``vllm bench latency``: 8 prompts of 32 tokens at once, 128 output
   tokens each, the time until the last one is delivered; the offline ``LLM`` class's budgets
-  (16384 batched tokens on H100/H200, 8192 on A100).
+  (16384 batched tokens on H100/H200, 8192 on A100) and no prefix caching (the benchmark turns
+  it off: ``vllm/benchmarks/latency.py``).
+
+Scheduling: every row runs with the scheduling its vLLM did by default (``--scheduling
+published``). vLLM made async scheduling the default in 0.14.0 (release notes: "Async
+scheduling is now enabled by default", PR #27614); earlier releases and the V0 engine schedule
+synchronously, so the host work of every step (scheduling, input preparation, launches, output
+update) adds to it. A row's ``vllm_version`` decides: a release below 0.14.0, or a measurement
+dated before 2025-12-30 (vLLM main turned the default on in late December 2025), runs
+synchronously; a row with neither version nor date runs vLLM 0.33's default (async).
+``--scheduling async`` runs every row asynchronously, as vLLM 0.33 would.
 
 ``--steps CSV`` compares measured per-step times (columns ``model, gpu, tp, quantization,
 kv_cache_dtype, step, measured_ms, source``; ``step`` in ``--explain-step`` syntax) with the
@@ -42,6 +52,7 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import re
 import statistics
 import sys
 import time
@@ -60,6 +71,13 @@ MODELS: dict[str, tuple[str, str | None, int | None]] = {
     "meta-llama/Llama-3.1-70B": ("llama-3.1-70b", None, None),
     "meta-llama/Meta-Llama-3-70B": ("llama-3.1-70b", None, 8192),  # Llama-3 70B: same shapes
 }
+#: First vLLM release that schedules asynchronously by default (v0.14.0 release notes,
+#: https://github.com/vllm-project/vllm/releases/tag/v0.14.0, PR #27614).
+ASYNC_DEFAULT_RELEASE = (0, 14)
+#: Measurements dated before this day ran a vLLM that scheduled synchronously by default: main
+#: turned async scheduling on in late December 2025 ("Upstream vllm just enabled asynchronous
+#: scheduling", vllm-project/vllm-ascend#5524, 2025-12-30, on 0.14.0rc1.dev173).
+ASYNC_DEFAULT_DATE = "2025-12-30"
 #: Rows whose workload the simulator cannot reproduce from what the source publishes.
 NEEDS_WORKLOAD = {
     "request_throughput": "ShareGPT sample of the CI run (prompts and output lengths)",
@@ -83,6 +101,7 @@ class Row:
     osl: int | None
     concurrency: int | None
     workload: str
+    vllm_version: str
 
     @staticmethod
     def parse(r: dict[str, str]) -> Row:
@@ -92,7 +111,7 @@ class Row:
         return Row(int(r["row_id"]), r["source_id"], r["gpu"], int(r["tp"]), r["model"],
                    r["weight_dtype"], r["metric"], r["statistic"], float(r["value"]), r["unit"],
                    opt_int(r["isl"]), opt_int(r["osl"]), opt_int(r["concurrency"]),
-                   r["workload"])
+                   r["workload"], r["vllm_version"])
 
 
 @dataclass(frozen=True)
@@ -132,10 +151,25 @@ def why_not(row: Row) -> str:
     return ""
 
 
-def sim_config(row: Row, cost_model: str) -> Any:
-    """The SimConfig of a row's deployment and workload (module docstring)."""
+def published_async(vllm_version: str) -> bool:
+    """Whether the vLLM a row names (a release, or a measurement date) scheduled
+    asynchronously by default; True (vLLM 0.33's default) when it names neither."""
+    release = re.match(r"(\d+)\.(\d+)", vllm_version)
+    if release:
+        return (int(release[1]), int(release[2])) >= ASYNC_DEFAULT_RELEASE
+    day = re.search(r"\d{4}-\d{2}-\d{2}", vllm_version)
+    if day:
+        return day[0] >= ASYNC_DEFAULT_DATE
+    return True
+
+
+def sim_config(row: Row, cost_model: str, scheduling: str = "published") -> Any:
+    """The SimConfig of a row's deployment and workload (module docstring); ``scheduling``
+    is "published" (the row's vLLM default) or "async" (vLLM 0.33's)."""
     from sim.config import EngineKnobs, SimConfig
     from workload.config import WorkloadConfig
+
+    async_scheduling = scheduling == "async" or published_async(row.vllm_version)
 
     model, quant, max_len = MODELS[row.model.split(" (")[0]]
     if row.weight_dtype == "fp8":
@@ -147,15 +181,18 @@ def sim_config(row: Row, cost_model: str) -> Any:
     if row.metric == "batch_latency":
         tokens, seqs = (8192, 256) if row.gpu.startswith("a100") else (16384, 1024)
         return SimConfig(
-            **common, engine=EngineKnobs(max_num_batched_tokens=tokens, max_num_seqs=seqs),
+            **common, engine=EngineKnobs(max_num_batched_tokens=tokens, max_num_seqs=seqs,
+                                         enable_prefix_caching=False,
+                                         async_scheduling=async_scheduling),
             workload=WorkloadConfig(dataset_name="random", num_prompts=8,
                                     request_rate=math.inf, random_input_len=row.isl or 32,
                                     random_output_len=row.osl or 128, seed=0))
     conc = row.concurrency or 1
-    return SimConfig(**common, workload=WorkloadConfig(
-        dataset_name="random", num_prompts=6 * conc, request_rate=math.inf,
-        max_concurrency=conc, random_input_len=row.isl or 1024,
-        random_output_len=row.osl or 128, seed=0))
+    return SimConfig(**common, engine=EngineKnobs(async_scheduling=async_scheduling),
+                     workload=WorkloadConfig(
+                         dataset_name="random", num_prompts=6 * conc, request_rate=math.inf,
+                         max_concurrency=conc, random_input_len=row.isl or 1024,
+                         random_output_len=row.osl or 128, seed=0))
 
 
 def metrics_of(result: Any, skip: int = 0) -> dict[str, float]:
@@ -192,8 +229,8 @@ AIPERF_SEED = 100
 PROCEDURES = ("aiperf", "staggered", "burst")
 
 
-def run_rows(rows: Iterable[Row], cost_model: str, procedure: str = "aiperf"
-             ) -> list[Outcome]:
+def run_rows(rows: Iterable[Row], cost_model: str, procedure: str = "aiperf",
+             scheduling: str = "published") -> list[Outcome]:
     from sim.runtime import run_simulation
 
     cache: dict[Any, dict[str, float]] = {}
@@ -203,7 +240,7 @@ def run_rows(rows: Iterable[Row], cost_model: str, procedure: str = "aiperf"
         if reason:
             out.append(Outcome(row, None, reason))
             continue
-        cfg = sim_config(row, cost_model)
+        cfg = sim_config(row, cost_model, scheduling)
         key = repr(cfg.to_dict())
         if key not in cache:
             if row.source == "aic_silicon" and procedure == "aiperf":
@@ -315,7 +352,7 @@ def _quantile(sorted_values: list[float], q: float) -> float:
 
 
 def print_tables(results: dict[str, list[Outcome]], steps: dict[str, list[tuple[dict[str, str],
-                 float]]]) -> None:
+                 float]]], scheduling: str = "published") -> None:
     names = list(results)
     first = results[names[0]]
     print("## Rows not simulated\n")
@@ -325,6 +362,15 @@ def print_tables(results: dict[str, list[Outcome]], steps: dict[str, list[tuple[
             reasons.setdefault(f"{o.row.source}: {o.reason}", []).append(o.row.row_id)
     for reason, ids in sorted(reasons.items()):
         print(f"- {reason} ({len(ids)} rows)")
+    print(f"\n## Scheduling of the simulated rows (--scheduling {scheduling})\n")
+    modes: dict[tuple[str, str], int] = {}
+    for o in first:
+        if o.predicted is not None:
+            sync = scheduling == "published" and not published_async(o.row.vllm_version)
+            key = (o.row.source, "sync" if sync else "async")
+            modes[key] = modes.get(key, 0) + 1
+    for (source, mode), n in sorted(modes.items()):
+        print(f"- {source}: {mode} ({n} rows)")
     print("\n## Per row (first 40 simulated)\n")
     print("| row | source | deployment | workload | metric | published | "
           + " | ".join(names) + " |")
@@ -383,6 +429,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=int, help="simulate only the first N rows (smoke runs)")
     ap.add_argument("--procedure", choices=PROCEDURES, default="aiperf",
                     help="how closed-loop rows are measured (module docstring; default aiperf)")
+    ap.add_argument("--scheduling", choices=["published", "async"], default="published",
+                    help="sync or async scheduling as each row's vLLM defaulted to, or async "
+                         "for every row (module docstring; default published)")
     ap.add_argument("--out", type=Path, help="write every row's prediction to this CSV")
     args = ap.parse_args(argv)
     rows = read_rows(args.rows)[: args.limit]
@@ -390,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, list[Outcome]] = {}
     steps: dict[str, list[tuple[dict[str, str], float]]] = {}
     for name in [args.cost_model, *args.compare]:
-        results[name] = run_rows(rows, name, args.procedure)
+        results[name] = run_rows(rows, name, args.procedure, args.scheduling)
         if args.steps is not None:
             steps[name] = run_steps(args.steps, name)
     if args.out is not None:
@@ -400,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
             for i, o in enumerate(results[args.cost_model]):
                 w.writerow([o.row.row_id, o.row.source, o.row.metric, o.row.value,
                             *(results[n][i].predicted for n in results)])
-    print_tables(results, steps)
+    print_tables(results, steps, args.scheduling)
     print(f"\n({len(rows)} rows, {time.perf_counter() - t0:.0f} s)", file=sys.stderr)
     return 0
 

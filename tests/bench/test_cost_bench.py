@@ -94,3 +94,39 @@ def test_validation_set_states_its_sources() -> None:
     text = (ROOT / "bench" / "data" / "VALIDATION.md").read_text()
     for source in {r.source for r in rows}:
         assert source in text
+
+
+def test_rows_run_with_the_scheduling_their_vllm_defaulted_to() -> None:
+    # vLLM made async scheduling the default in 0.14.0; earlier releases and V0 ran sync.
+    published_async = cost_validation.published_async
+    assert not published_async("0.12.0") and not published_async("0.10.0")
+    assert published_async("0.14.0") and published_async("0.23.0")
+    assert not published_async("not stated (measured 2025-10-29 per silicon_data_source)")
+    assert published_async("not stated (measured 2026-02-01)")
+    assert published_async("not stated (vLLM main at that CI build)")  # undated: 0.33's
+    rows = {r.row_id: r for r in cost_validation.read_rows()}
+    ci_h200 = rows[1]  # the V0 build of 2024-10-28
+    assert ci_h200.source == "vllm_ci_h200" and ci_h200.metric == "batch_latency"
+    cfg = cost_validation.sim_config(ci_h200, "auto")
+    assert not cfg.engine.async_scheduling
+    assert not cfg.engine.enable_prefix_caching  # vllm bench latency turns it off
+    assert cost_validation.sim_config(ci_h200, "auto", "async").engine.async_scheduling
+    assert cost_validation.sim_config(rows[5], "auto").engine.async_scheduling  # undated
+
+
+def test_synchronous_rows_pay_each_steps_host_work() -> None:
+    from sim.cost.explain import parse_step
+    from sim.runtime import make_cost_model, run_simulation
+
+    row = next(r for r in cost_validation.read_rows() if r.row_id == 1)
+    sync_cfg = cost_validation.sim_config(row, "auto")
+    latency = {mode: cost_validation.metrics_of(run_simulation(
+        cost_validation.sim_config(row, "auto", mode)))["batch_latency"]
+        for mode in ("published", "async")}
+    per_step_s = (latency["published"] - latency["async"]) / 1e3 / (row.osl or 128)
+    step = make_cost_model(sync_cfg).step_time(parse_step("decode:8x96"))
+    f = sync_cfg.frontend
+    host_s = f.schedule_overhead_s + 8 * f.schedule_s_per_request + f.update_overhead_s
+    # Synchronously, input preparation at least is serial with the device; at most the whole
+    # host side of a step is (scheduling, preparation, launching, the output update).
+    assert step.host_s < per_step_s < host_s + step.host_s + step.launch_s
