@@ -122,6 +122,15 @@ def build_tables(log: RunLog) -> RunTables:
     return RunTables(requests, steps, runs)
 
 
+def take_tables(log: RunLog) -> RunTables:
+    """``build_tables`` for a log its caller is done with: an ``EventLog``'s storage is moved
+    out (``take_export``: the log is left empty) and freed part by part as the tables are
+    built, so that a long run's log and its tables are never held whole together."""
+    if isinstance(log, EventLog):
+        return build_tables(ExportedLog(log.take_export(), owned=True))
+    return build_tables(log)
+
+
 def build_steps(log: RunLog) -> pd.DataFrame:
     """One row per step, sorted by ``step_id``, with ``delivered_time_s`` (NaN: no outputs)."""
     cols = log.steps_columns()

@@ -176,6 +176,15 @@ def test_a_handed_over_log_builds_the_same_tables_and_is_freed_as_it_goes():
     assert log.req_ids == ["z"] and len(build_tables(log).requests) == 1
 
 
+def test_taking_the_tables_of_a_finished_log_empties_it():
+    from reports.tables import take_tables
+
+    log = known_log()
+    want = build_tables(log)
+    _assert_same_tables(take_tables(log), want)
+    assert log.num_steps == 0 and log.req_ids == []
+
+
 def test_the_blocker_column_is_the_categorical_of_its_strings():
     from reports.tables import _categorical
 
