@@ -9,9 +9,9 @@ writes the run's files there exactly as ``reports.run_dir.write_run_files`` does
 is that function), returning what it wrote and the printed summary. A log of more than
 ``MAX_STEPS_COPIED`` steps is handed over rather than copied (the run keeps none of it), and the
 process frees each part of it once its tables are built: a million-request run never holds its
-log and its tables together. The run
-itself commits the directory: a report process never publishes one, and it dies with the run
-(``engine.process_guard.die_with_parent``), so an orphan can neither finish nor publish.
+log and its tables together. The run itself commits the directory: a report process never
+publishes one, and it dies with the run (``engine.process_guard.die_with_parent``), so an
+orphan can neither finish nor publish.
 
 It is an optimisation only, so it steps aside whenever it would not help or might not work:
 ``start`` returns None where ``fork`` is unavailable, when the report stack is already imported
