@@ -95,10 +95,12 @@ def per_second_peaks(tables: RunTables, mask: np.ndarray) -> tuple[float, int]:
     # trace stretched by a tiny rate may span more seconds than an array could hold, so
     # both peaks are computed over the occupied seconds only)
     # tokens: per step, the number of selected requests that got a token in it
-    runs = _runs_of(tables, mask)
+    runs = tables.token_runs
+    selected = mask[runs["req_index"].to_numpy()]  # the selected requests' runs (no table copy)
     delivered = step_lookup(tables.steps, "delivered_time_s")
-    first = runs["first_step"].to_numpy()
-    stop = first + runs["num_tokens"].to_numpy()
+    first = runs["first_step"].to_numpy()[selected]
+    stop = first + runs["num_tokens"].to_numpy()[selected]
+    del selected
     cover = np.bincount(first, minlength=len(delivered) + 1).astype(np.int64)
     cover -= np.bincount(stop, minlength=len(delivered) + 1)
     tokens_per_step = np.cumsum(cover)[: len(delivered)]
@@ -108,10 +110,11 @@ def per_second_peaks(tables: RunTables, mask: np.ndarray) -> tuple[float, int]:
     _, slot = np.unique(bucket[ok], return_inverse=True)
     tokens = np.bincount(slot, weights=tokens_per_step[has][ok])
     # concurrency: +1 in every second from the send second to the completion second, i.e. +1
-    # at the send second and -1 one second after the completion second
-    points = np.concatenate((np.trunc(start - t0), np.trunc(end - t0) + 1))
-    deltas = np.concatenate((np.ones(len(start), np.int64), -np.ones(len(end), np.int64)))
-    at, slot = np.unique(points, return_inverse=True)
-    conc = np.cumsum(np.bincount(slot, weights=deltas, minlength=len(at)))
+    # at the send second and -1 one second after the completion second. The count only falls
+    # between send seconds, so its peak is at one: the sends up to it minus the ends before.
+    sends = np.sort(np.trunc(start - t0))
+    ends = np.sort(np.trunc(end - t0) + 1)
+    conc = np.searchsorted(sends, sends, side="right") - np.searchsorted(ends, sends,
+                                                                          side="right")
     peak_tokens = float(tokens.max()) if len(tokens) else 0.0
-    return peak_tokens, int(conc.max())  # exact: integer counts in float64
+    return peak_tokens, int(conc.max())

@@ -3,19 +3,22 @@
 The report stack (pandas, pyarrow, ``reports``) takes ≈ 0.4 s to import, about as long as the
 whole simulation of a small run. ``ReportProcess.start()``, called before a run, forks a process
 that imports it meanwhile on another core and then waits; after the run, ``write`` sends it the
-event log (``EventLog.export()``: plain arrays, whose bytes go through the pipe as they are,
-not pickled: ``send_export``) and the run's *staging* directory, and it builds
-the tables and writes the run's files there exactly as ``reports.run_dir.write_run_files`` does
-in-process (it is that function), returning what it wrote and the printed summary. The run
-itself commits the directory: a report process never publishes one, and it dies with the run
-(``engine.process_guard.die_with_parent``), so an orphan can neither finish nor publish.
+event log (``EventLog.export()``, a column at a time: typed arrays as their raw bytes, not
+pickled; ``send_export``) and the run's *staging* directory, and it builds the tables and
+writes the run's files there exactly as ``reports.run_dir.write_run_files`` does in-process (it
+is that function), returning what it wrote and the printed summary. A log of more than
+``MAX_STEPS_COPIED`` steps is handed over rather than copied (the run keeps none of it), and the
+process frees each part of it once its tables are built: a million-request run never holds its
+log and its tables together. The run itself commits the directory: a report process never
+publishes one, and it dies with the run (``engine.process_guard.die_with_parent``), so an
+orphan can neither finish nor publish.
 
 It is an optimisation only, so it steps aside whenever it would not help or might not work:
 ``start`` returns None where ``fork`` is unavailable, when the report stack is already imported
 (a test session, a sweep), or with ``TWINSERVE_REPORT_PROCESS=0``; ``write`` returns None —
-the caller then writes in-process — for logs too large to copy cheaply, or if the process
-died or failed for any reason other than a report error (which it raises as the in-process
-path would: ``ReportError``).
+the caller then writes in-process — if the process died or failed for any reason other than a
+report error (which it raises as the in-process path would: ``ReportError``), unless the log
+had been handed over: then there is no log left to write, and the failure is raised.
 
 Starting it imports nothing of the report stack here: the process imports it, so a run that
 forks it early keeps its own start light.
@@ -31,7 +34,6 @@ import sys
 import traceback
 from array import array
 from collections.abc import Mapping
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,9 +46,12 @@ if TYPE_CHECKING:
     from reports.options import SummaryOptions
     from reports.written import WrittenRun
 
-#: Logs with more steps than this are written in-process (copying one to the report process
-#: would briefly double the memory a long run holds).
-MAX_STEPS_SENT = 500_000
+#: Logs with more steps than this are handed over instead of copied: moved out of the run's
+#: log (``EventLog.take_export``) and sent column by column, each freed once sent, so the run
+#: and the report process never hold the log twice; the report process then frees each part
+#: of it once its tables are built (``ExportedLog(owned=True)``). Smaller logs are copied, so
+#: that the run still has its log to write in-process should the process fail.
+MAX_STEPS_COPIED = 500_000
 
 
 class ReportProcess:
@@ -87,15 +92,29 @@ class ReportProcess:
         """Have the process write the run's files into ``out_dir`` (a staging directory the
         caller commits: the process itself never publishes a run directory); returns what it
         wrote and the printed summary, or None if the caller should write it in-process
-        instead. A report error is raised as ``ReportError``."""
+        instead (a log handed over cannot be: see the module). A report error is raised as
+        ``ReportError``."""
+        handed_over = False
         try:
-            if log.num_steps > MAX_STEPS_SENT:
+            status, value = self._conn.recv()  # ready: the report stack imported
+            if status != "ready":
                 return None
-            send_export(self._conn, log.export(), (meta, str(out_dir), options, plots,
-                                                   file_format))
+            handed_over = log.num_steps > MAX_STEPS_COPIED
+            exported = log.take_export() if handed_over else log.export()
+            self._conn.send((meta, str(out_dir), options, plots, file_format))
             self._sent = True
+            send_export(self._conn, exported)
+            del exported
+            if handed_over:
+                _return_free_memory()  # the log's pages, which malloc would keep
             status, value = self._conn.recv()
         except (EOFError, OSError):
+            if handed_over:
+                raise ReportError(
+                    "the report process stopped before writing the run directory (out of "
+                    "memory?), and the run's event log had been handed to it; rerun with "
+                    "TWINSERVE_REPORT_PROCESS=0 to write it in this process"
+                ) from None
             return None
         except BaseException:  # interrupted while it writes: stop it now, not after the write
             self._sent = False
@@ -105,6 +124,9 @@ class ReportProcess:
         if status == "report-error":
             raise ReportError(value)
         if status != "ok":
+            if handed_over:  # no log left to write in-process: show its failure here
+                raise RuntimeError(f"the report process failed (the run's event log had "
+                                   f"been handed to it):\n{value}")
             return None  # it failed: the in-process path shows the same failure, in full
         written, text = value
         return written, text
@@ -125,13 +147,15 @@ class ReportProcess:
 
 def _serve(conn: Connection, parent_end: Connection | None = None,
            parent_pid: int | None = None) -> None:
-    """The report process: import the report stack, then write one run directory.
+    """The report process: import the report stack, say it is ready, then write one run
+    directory.
     ``parent_end``, the other end of the pipe (inherited by the fork), is closed first, so
     that the run closing its end is seen here as the end of the conversation."""
     if parent_end is not None:
         parent_end.close()
     if parent_pid is not None:  # a forked process (tests run this function in a thread)
         _follow_parent(parent_pid)
+        _map_large_blocks()
     try:
         # pyarrow.parquet and reports.render, which the writers import lazily, are imported
         # now too, while the run goes on
@@ -145,13 +169,14 @@ def _serve(conn: Connection, parent_end: Connection | None = None,
     except BaseException:
         _reply(conn, "crash", traceback.format_exc())
         return
+    _reply(conn, "ready", None)
     try:
-        exported, request = recv_export(conn)
+        meta, out_dir, options, plots, file_format = conn.recv()
+        exported = recv_export(conn)
     except (EOFError, OSError, KeyboardInterrupt):
         return  # the run ended without a report (an error, an interruption)
     try:
-        meta, out_dir, options, plots, file_format = request
-        tables = build_tables(ExportedLog(exported))
+        tables = build_tables(ExportedLog(exported, owned=True))  # frees the log as it goes
         del exported
         written = write_run_files(
             Path(out_dir), tables, meta, goodput=options.goodput,
@@ -165,47 +190,40 @@ def _serve(conn: Connection, parent_end: Connection | None = None,
         _reply(conn, "crash", traceback.format_exc())
 
 
-@dataclass(frozen=True, slots=True)
-class _Buffer:
-    """Where a typed array of the exported log was: its bytes follow the message."""
-
-    typecode: str
+#: glibc's ``mallopt`` parameter: blocks of at least this many bytes get their own mapping.
+_M_MMAP_THRESHOLD = -3
 
 
-def send_export(conn: Connection, exported: dict[str, Any], rest: tuple[Any, ...]) -> None:
-    """Send ``(exported, rest)``: one pickled message in which every typed array of
-    ``exported`` (nested dicts of arrays and lists) is a ``_Buffer``, then the arrays' bytes as
-    they are, in the order the message names them. Pickling the arrays would copy them twice
-    more (≈ 0.07 s of CPU for a 10,000-request run's 27 MB)."""
-    buffers: list[array[Any]] = []
+def _libc() -> Any:
+    """glibc, or None (another C library, another system: the tuning below is skipped)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
 
-    def strip(value: Any) -> Any:
-        if isinstance(value, array):
-            buffers.append(value)
-            return _Buffer(value.typecode)
-        if isinstance(value, dict):
-            return {key: strip(item) for key, item in value.items()}
-        return value
-
-    conn.send((strip(exported), rest))
-    for buffer in buffers:
-        conn.send_bytes(memoryview(buffer).cast("B"))
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
 
 
-def recv_export(conn: Connection) -> tuple[dict[str, Any], tuple[Any, ...]]:
-    """What ``send_export`` sent: the exported log with its arrays back, and the rest."""
-    skeleton, rest = conn.recv()
+def _map_large_blocks() -> None:
+    """In the report process, give every block of 1 MiB or more its own mapping, returned to
+    the system when freed. glibc's default raises that threshold up to 32 MiB as blocks are
+    freed, after which the per-request columns (8 MB at a million requests) come from the
+    heap, and the log parts freed while the tables are built stay in the process's memory
+    instead of being reused or returned (≈ 0.1 GB more at the peak of a million-request run)."""
+    libc = _libc()
+    if libc is not None:
+        libc.mallopt(_M_MMAP_THRESHOLD, 1 << 20)
 
-    def fill(value: Any) -> Any:
-        if isinstance(value, _Buffer):
-            restored = array(value.typecode)
-            restored.frombytes(conn.recv_bytes())
-            return restored
-        if isinstance(value, dict):
-            return {key: fill(item) for key, item in value.items()}
-        return value
 
-    return fill(skeleton), rest
+def _return_free_memory() -> None:
+    """Give the memory malloc holds free back to the system (``malloc_trim``): after handing
+    its log over, the run keeps only what it still uses."""
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
 
 
 def _follow_parent(parent_pid: int) -> None:
@@ -217,6 +235,51 @@ def _follow_parent(parent_pid: int) -> None:
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
     die_with_parent(parent_pid=parent_pid)
+
+
+def send_export(conn: Connection, exported: dict[str, Any]) -> None:
+    """Send an ``EventLog.export()`` column by column, emptying ``exported`` as it goes (a
+    column sent is freed unless the sender holds it elsewhere): typed arrays as raw bytes,
+    with no pickled copy; lists and other values pickled one at a time."""
+    layout = [(key, list(value) if isinstance(value, dict) else None)
+              for key, value in exported.items()]
+    conn.send(layout)
+    for key, names in layout:
+        if names is None:
+            _send_column(conn, exported.pop(key))
+            continue
+        part = exported.pop(key)
+        for name in names:
+            _send_column(conn, part.pop(name))
+        del part
+
+
+def recv_export(conn: Connection) -> dict[str, Any]:
+    """What ``send_export`` sent, as the export it was (typed arrays as typed arrays)."""
+    exported: dict[str, Any] = {}
+    for key, names in conn.recv():
+        if names is None:
+            exported[key] = _recv_column(conn)
+        else:
+            exported[key] = {name: _recv_column(conn) for name in names}
+    return exported
+
+
+def _send_column(conn: Connection, column: object) -> None:
+    if isinstance(column, array):
+        conn.send(("array", column.typecode))
+        conn.send_bytes(memoryview(column).cast("B"))  # as bytes: send_bytes would copy it
+    else:
+        conn.send(("value", column))
+
+
+def _recv_column(conn: Connection) -> object:
+    kind, value = conn.recv()
+    if kind == "value":
+        return value
+    column = array(value)
+    column.frombytes(conn.recv_bytes())
+    return column
 
 
 def _reply(conn: Connection, status: str, value: object) -> None:

@@ -50,26 +50,45 @@ STAGE_COLUMNS: dict[str, EventKind] = {
 
 
 class ExportedLog:
-    """An ``EventLog.export()`` read back (in a report process): the log's read side."""
+    """An ``EventLog.export()`` read back (in a report process): the log's read side.
 
-    def __init__(self, exported: dict[str, Any]) -> None:
+    With ``owned=True`` the export is this reader's alone (a report process's copy, or
+    ``EventLog.take_export()``): each part is handed out once and dropped from the export, and
+    the tables may keep its typed columns as their own, so a large log is freed while its
+    tables are built instead of held beside them."""
+
+    def __init__(self, exported: dict[str, Any], owned: bool = False) -> None:
         self.req_ids: list[str] = exported["req_ids"]
+        self.owned = owned
         self._exported = exported
 
+    def _part(self, key: str) -> Any:
+        return self._exported.pop(key) if self.owned else self._exported[key]
+
     def events_columns(self) -> dict[str, object]:
-        return self._exported["events"]  # type: ignore[no-any-return]
+        return self._part("events")  # type: ignore[no-any-return]
 
     def token_runs(self) -> dict[str, Any]:
-        return self._exported["token_runs"]  # type: ignore[no-any-return]
+        return self._part("token_runs")  # type: ignore[no-any-return]
 
     def steps_columns(self) -> dict[str, object]:
-        return self._exported["steps"]  # type: ignore[no-any-return]
+        return self._part("steps")  # type: ignore[no-any-return]
 
     def delivered_columns(self) -> dict[str, Any]:
-        return self._exported["delivered"]  # type: ignore[no-any-return]
+        return self._part("delivered")  # type: ignore[no-any-return]
 
     def labels_columns(self) -> dict[str, Any]:
-        return self._exported.get("labels") or {"req_index": [], "tenant": [], "slo_class": []}
+        labels = self._exported.pop("labels", None) if self.owned else self._exported.get(
+            "labels")
+        return labels or {"req_index": [], "tenant": [], "slo_class": []}
+
+    def take_req_ids(self) -> list[str]:
+        """The request ids (an owned export lets go of them: the table keeps its own)."""
+        req_ids = self.req_ids
+        if self.owned:
+            self.req_ids = []
+            self._exported.pop("req_ids", None)
+        return req_ids
 
 
 #: What the tables are built from: the log itself, or its export.
@@ -89,7 +108,7 @@ class RunTables:
 class _Events:
     """The stage events as numpy columns."""
 
-    req: np.ndarray  # int64 req_index
+    req: np.ndarray  # req_index (int32 in a log, int64 from a list)
     kind: np.ndarray  # int8 EventKind
     time_s: np.ndarray  # float64
     payload: list[int | str | None]
@@ -103,18 +122,29 @@ def build_tables(log: RunLog) -> RunTables:
     return RunTables(requests, steps, runs)
 
 
+def take_tables(log: RunLog) -> RunTables:
+    """``build_tables`` for a log its caller is done with: an ``EventLog``'s storage is moved
+    out (``take_export``: the log is left empty) and freed part by part as the tables are
+    built, so that a long run's log and its tables are never held whole together."""
+    if isinstance(log, EventLog):
+        return build_tables(ExportedLog(log.take_export(), owned=True))
+    return build_tables(log)
+
+
 def build_steps(log: RunLog) -> pd.DataFrame:
     """One row per step, sorted by ``step_id``, with ``delivered_time_s`` (NaN: no outputs)."""
     cols = log.steps_columns()
+    owned = isinstance(log, ExportedLog) and log.owned  # its typed columns may become ours
     data: dict[str, object] = {}
     for name in STEP_COLUMNS:
-        col = cols[name]
+        col = cols.pop(name) if owned else cols[name]  # type: ignore[attr-defined]
         if name == "admission_blocker":
             data[name] = _categorical(col)  # type: ignore[arg-type]
         else:
             code = getattr(col, "typecode", "d")  # keep the log's compact types
             dtype = {"d": np.float64, "i": np.int32}.get(code, np.int64)
-            data[name] = _copy_array(col, dtype)
+            data[name] = _view_array(col, dtype) if owned else _copy_array(col, dtype)
+        del col
     steps = pd.DataFrame(data, copy=False)  # fresh arrays: no consolidating copy
     if len(steps) and not steps["step_id"].is_monotonic_increasing:
         steps = steps.sort_values("step_id", kind="stable", ignore_index=True)
@@ -176,28 +206,32 @@ def step_lookup(steps: pd.DataFrame, column: str) -> np.ndarray:
 def build_requests(log: RunLog, steps: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     """One row per request: stage times, token counts, derived metrics, breakdown segments."""
     n = len(log.req_ids)
-    ev = _events(log)
-    cols: dict[str, object] = {
-        "req_index": np.arange(n, dtype=np.int64),
-        "req_id": pd.array(log.req_ids, dtype="str"),
-    }
-    times = {name: _first_time(ev, kind, n) for name, kind in STAGE_COLUMNS.items()}
+    # the log is read first (an owned export is freed as it is read), then the tables
+    req_ids = log.take_req_ids() if isinstance(log, ExportedLog) else log.req_ids
+    req_id = pd.array(req_ids, dtype="str")
+    del req_ids
+    per_event = _event_columns(log, n)
+    times = {name: per_event.pop(name) for name in STAGE_COLUMNS}
     tokens = _token_columns(steps, runs, n)
-    finish = _reason_column(ev, EventKind.FINISHED, n)
-    rejected = _reason_column(ev, EventKind.REJECTED, n)
+    finish = per_event["finish_reason"]
     success = (
         np.asarray(finish.isin(list(SUCCESS_REASONS)), dtype=bool)
         & np.isnan(times["rejected_s"])
         & (tokens["num_output_tokens"] > 0)
     )
-    cols["success"] = success
-    cols["finish_reason"] = finish
-    cols["rejected_reason"] = rejected
-    cols["num_prompt_tokens"] = _int_payload(ev, EventKind.ARRIVAL, n)
-    cols["num_output_tokens"] = tokens["num_output_tokens"]
-    cols["num_preemptions"] = _count(ev, EventKind.PREEMPTED, n)
-    cols["num_schedules"] = _count(ev, EventKind.SCHEDULED, n)
-    cols["prefix_hit_tokens"] = _first_admission_payload(ev, n)
+    cols: dict[str, object] = {
+        "req_index": np.arange(n, dtype=np.int64),
+        "req_id": req_id,
+        "success": success,
+        "finish_reason": finish,
+        "rejected_reason": per_event["rejected_reason"],
+        "num_prompt_tokens": per_event["num_prompt_tokens"],
+        "num_output_tokens": tokens["num_output_tokens"],
+        "num_preemptions": per_event["num_preemptions"],
+        "num_schedules": per_event["num_schedules"],
+        "prefix_hit_tokens": per_event["prefix_hit_tokens"],
+    }
+    del per_event
     cols.update(times)
     if "replica" in steps:  # data-parallel engines: the one that produced the tokens
         cols["replica"] = pd.array(tokens["replica"], dtype="Int64")
@@ -210,6 +244,21 @@ def build_requests(log: RunLog, steps: pd.DataFrame, runs: pd.DataFrame) -> pd.D
     # the columns are fresh arrays: without copy=False pandas would consolidate the ~40 float
     # columns into one 2-D block, a transient second copy of the table (≈0.3 GB at 1M requests)
     return pd.DataFrame(cols, copy=False)
+
+
+def _event_columns(log: RunLog, n: int) -> dict[str, Any]:
+    """The request columns read from the stage events: stage times, finish and rejection
+    reasons, prompt tokens, preemptions, schedules, prefix hits (the events are let go of on
+    return)."""
+    ev = _events(log)
+    out: dict[str, Any] = {name: _first_time(ev, kind, n) for name, kind in STAGE_COLUMNS.items()}
+    out["finish_reason"] = _reason_column(ev, EventKind.FINISHED, n)
+    out["rejected_reason"] = _reason_column(ev, EventKind.REJECTED, n)
+    out["num_prompt_tokens"] = _int_payload(ev, EventKind.ARRIVAL, n)
+    out["num_preemptions"] = _count(ev, EventKind.PREEMPTED, n)
+    out["num_schedules"] = _count(ev, EventKind.SCHEDULED, n)
+    out["prefix_hit_tokens"] = _first_admission_payload(ev, n)
+    return out
 
 
 def _derived(cols: dict[str, object], num_output: np.ndarray) -> dict[str, np.ndarray]:
@@ -288,12 +337,25 @@ def _copy_array(col: Any, dtype: type) -> np.ndarray:
     return np.asarray(col, dtype=dtype).copy()
 
 
+def _view_array(col: Any, dtype: type) -> np.ndarray:
+    """A typed ``array.array`` column as a numpy view of its buffer (no copy), or a list as a
+    new array of ``dtype``. Views live only while the tables are built: an ``array`` with a
+    view cannot grow, and the log may keep growing afterwards."""
+    if hasattr(col, "typecode") and len(col):
+        view = np.frombuffer(col, dtype=np.dtype(col.typecode))
+        view.flags.writeable = False  # the log's own storage
+        return view
+    return np.asarray(col, dtype=dtype)
+
+
 def _events(log: RunLog) -> _Events:
+    """The stage events, viewed in place (req_index int32, kind int8: the log's own types,
+    which index and compare as the int64 copies did, without ≈ 17 bytes an event of copies)."""
     ev = log.events_columns()
     return _Events(
-        _copy_array(ev["req_index"], np.int64),
-        _copy_array(ev["kind"], np.int8),
-        _copy_array(ev["time_s"], np.float64),
+        _view_array(ev["req_index"], np.int64),
+        _view_array(ev["kind"], np.int8),
+        _view_array(ev["time_s"], np.float64),
         ev["payload"],  # type: ignore[arg-type]
     )
 

@@ -655,10 +655,18 @@ def _prefix_probe(kv: KVCacheManager) -> Callable[[Request], int]:
 def run_simulation(
     cfg: SimConfig, *, progress: bool = False, cost_model: CostModel | None = None
 ) -> SimResult:
-    """Run ``cfg`` to completion (optionally printing progress to stderr)."""
+    """Run ``cfg`` to completion (optionally printing progress to stderr).
+
+    The finished runtime is collected before returning: its engines, queues and processes
+    refer to each other (and to the event log), so without a collection they, and the log,
+    would outlive the result until the next full one; the result is then all that holds the
+    log, and a caller that lets go of it frees the log at once (a million-request log is
+    ≈ 0.7 GB)."""
     reporter = _ProgressLine() if progress else None
     runtime = SimRuntime(cfg, cost_model=cost_model, progress=reporter)
     result = runtime.run()
+    del runtime
+    gc.collect()
     if reporter is not None:
         reporter.finish(result.stats.num_requests)
     return result

@@ -337,6 +337,21 @@ class EventLog:
             "labels": self.labels_columns(),
         }
 
+    def take_export(self) -> dict[str, Any]:
+        """``export()`` that moves the storage out instead of sharing it: the log is left
+        empty, so whoever takes the export holds the only copy (a report process can free
+        each column once it is read; a million-request log is ≈ 0.6 GB)."""
+        exported = self.export()
+        empty = EventLog()
+        self._req_index, self.req_ids, self._labels = empty._req_index, [], {}
+        self._ev_req, self._ev_kind = empty._ev_req, empty._ev_kind
+        self._ev_time, self._ev_payload = empty._ev_time, []
+        self._run_req, self._run_first = empty._run_req, empty._run_first
+        self._run_count, self._open_runs = empty._run_count, {}
+        self._steps, self._step_records = empty._steps, []  # export() flushed the buffers
+        self._delivered_step, self._delivered_time = empty._delivered_step, empty._delivered_time
+        return exported
+
     @classmethod
     def from_export(cls, exported: Mapping[str, Any]) -> EventLog:
         """A log holding what ``export()`` returns (copied; its token runs all closed): how

@@ -117,19 +117,68 @@ def test_any_other_failure_leaves_the_report_to_the_caller(small_run: Any,
 
 
 def test_the_log_crosses_the_pipe_unchanged(small_run: Any) -> None:
-    """Its typed arrays travel as raw bytes, the rest pickled: what arrives equals what was
-    exported, array types included, and the message's other fields follow it."""
-    exported = small_run.event_log.export()
+    """Its typed arrays travel as raw bytes, the rest pickled, a column at a time: what arrives
+    equals what was exported, array types included, and the sent export is emptied."""
+    sent = small_run.event_log.export()
     ours, theirs = Pipe()
-    sender = threading.Thread(target=send_export, args=(ours, exported, ("meta", 3)))
+    sender = threading.Thread(target=send_export, args=(ours, sent))
     sender.start()  # the bytes may exceed the pipe's buffer: the receiver reads meanwhile
-    received, rest = recv_export(theirs)
+    received = recv_export(theirs)
     sender.join()
-    assert rest == ("meta", 3) and received == exported
+    exported = small_run.event_log.export()
+    assert received == exported and sent == {}
     arrays = [(name, col.typecode) for name, col in exported["steps"].items()
               if hasattr(col, "typecode")]
     assert arrays and all(received["steps"][n].typecode == code for n, code in arrays)
     assert type(received["steps"]["admission_blocker"]) is list
+
+
+def _simulated(num_prompts: int = 30) -> Any:
+    return run_simulation(SimConfig.from_dict({"workload": {
+        "dataset_name": "random", "num_prompts": num_prompts, "request_rate": 50.0,
+        "random_input_len": 64, "random_output_len": 8}}))
+
+
+def test_a_long_log_is_handed_over_and_written_the_same(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past ``MAX_STEPS_COPIED`` steps the log is moved out of the run (left empty), sent
+    column by column, and written exactly as a copied one."""
+    import reports.report_process as rp
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    copied = _reporter().write(_simulated().event_log, {"kind": "simulated"}, tmp_path / "a",
+                               OPTIONS, plots=False, file_format="parquet")
+    monkeypatch.setattr(rp, "MAX_STEPS_COPIED", 0)
+    log = _simulated().event_log
+    handed = _reporter().write(log, {"kind": "simulated"}, tmp_path / "b", OPTIONS,
+                               plots=False, file_format="parquet")
+    assert copied is not None and handed is not None
+    assert log.num_steps == 0 and log.req_ids == []  # the run kept none of it
+    assert handed[1] == copied[1] and handed[0].summary == copied[0].summary
+    for name in ("requests", "steps", "token_runs"):
+        assert (tmp_path / "a" / f"{name}.parquet").read_bytes() == (
+            tmp_path / "b" / f"{name}.parquet").read_bytes()
+
+
+def _dies_after_the_log(conn: Any) -> None:
+    conn.send(("ready", None))
+    conn.recv()
+    recv_export(conn)
+    conn.close()
+
+
+def test_a_process_lost_after_the_handover_is_an_error_not_a_silent_fallback(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the log handed over there is nothing left to write in-process: say so."""
+    import reports.report_process as rp
+
+    monkeypatch.setattr(rp, "MAX_STEPS_COPIED", 0)
+    ours, theirs = Pipe()
+    reporter = ReportProcess(_Thread(_dies_after_the_log, (theirs,)), ours)  # type: ignore[arg-type]
+    with pytest.raises(ReportError, match="TWINSERVE_REPORT_PROCESS=0"):
+        reporter.write(_simulated().event_log, {"kind": "simulated"}, tmp_path, OPTIONS,
+                       plots=False, file_format="csv")
 
 
 class _Process:

@@ -157,6 +157,34 @@ def test_an_exported_log_builds_the_same_tables():
     _assert_same_tables(build_tables(ExportedLog(exported)), build_tables(log))
 
 
+def test_a_handed_over_log_builds_the_same_tables_and_is_freed_as_it_goes():
+    """``take_export`` moves the storage out (the log is left empty and still usable); an
+    owned export is read once, part by part, so nothing of it is left when the tables are
+    built, and the tables equal those of the log."""
+    from reports.tables import ExportedLog
+
+    log = known_log()
+    log.record_labels("a", "team-1", "interactive")
+    want = build_tables(log)
+    exported = log.take_export()
+    assert log.num_steps == 0 and log.req_ids == [] and len(log.events_columns()["kind"]) == 0
+    assert len(log.token_runs()["req_index"]) == 0 and log.labels_columns()["req_index"] == []
+    got = build_tables(ExportedLog(exported, owned=True))
+    _assert_same_tables(got, want)
+    assert exported == {}
+    log.record("z", K.ARRIVAL, 0.0, 3)  # an emptied log is a new log
+    assert log.req_ids == ["z"] and len(build_tables(log).requests) == 1
+
+
+def test_taking_the_tables_of_a_finished_log_empties_it():
+    from reports.tables import take_tables
+
+    log = known_log()
+    want = build_tables(log)
+    _assert_same_tables(take_tables(log), want)
+    assert log.num_steps == 0 and log.req_ids == []
+
+
 def test_the_blocker_column_is_the_categorical_of_its_strings():
     from reports.tables import _categorical
 

@@ -231,6 +231,17 @@ def test_run_keeps_the_callers_own_gc_settings() -> None:
         gc.unfreeze()
 
 
+def test_the_result_is_all_that_holds_the_event_log() -> None:
+    """The finished runtime (engines, queues, processes: reference cycles) is collected before
+    ``run_simulation`` returns, so a caller that lets go of the result frees the log at once,
+    not at the next full collection (a million-request log is ≈ 0.6 GB)."""
+    result = run_simulation(SimConfig.from_dict({"workload": {
+        "dataset_name": "random", "num_prompts": 20, "request_rate": 50.0,
+        "random_input_len": 64, "random_output_len": 8}}))
+    holders = [type(r).__name__ for r in gc.get_referrers(result.event_log)]
+    assert holders == ["SimResult"]
+
+
 @pytest.mark.parametrize("gpu,tp", [("h100-sxm", 1), ("h200-sxm", 4)])
 @pytest.mark.parametrize("is_async", [True, False])
 def test_fast_path_is_exact_under_the_default_vllm_step_cost_model(
