@@ -64,9 +64,11 @@ def start_report_process() -> ReportProcess | None:
 
 @dataclass(slots=True)
 class FinishedRun:
-    """A run handed over to be written: its metadata and event log. ``write_run`` lets go of
-    the log (sets it to None) once the tables are built, so a million-request log and its
-    tables are never in memory together; the caller should hold no other reference to it."""
+    """A run handed over to be written: its metadata and event log. ``write_run`` takes the
+    log: the report process gets it, or its storage is moved out and freed part by part as
+    the tables are built here (``reports.tables.take_tables``), so a million-request log and
+    its tables are never in memory together. The caller must hold no other reference to it
+    (it is left empty)."""
 
     meta: RunMeta
     log: EventLog | None
@@ -104,10 +106,10 @@ def write_run(
     if written is None:
         from reports.metrics import format_summary
         from reports.run_dir import write_run_files
-        from reports.tables import build_tables
+        from reports.tables import take_tables
 
-        tables = build_tables(run.log)
-        run.log = None  # the event log is no longer needed: free it before rendering
+        tables = take_tables(run.log)
+        run.log = None  # emptied: nothing of it is held while the files are rendered
         written = write_run_files(
             out.staging, tables, run.meta, goodput=options.goodput,
             percentiles=options.percentiles, percentile_metrics=options.percentile_metrics,

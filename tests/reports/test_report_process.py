@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
+from engine.core.events import EventLog
 from reports.errors import ReportError
 from reports.options import SummaryOptions
 from reports.report_process import ReportProcess, _serve, recv_export, send_export
@@ -217,7 +218,8 @@ def test_write_run_turns_a_report_error_into_a_user_error(small_run: Any,
     bad = dataclasses.replace(OPTIONS, goodput={"nonsense": 1.0})
     args = argparse.Namespace(no_plots=True, format="csv")
     for reporter in (_reporter(), None):
-        run = FinishedRun(simulated_run_meta(small_run), small_run.event_log)
+        log = EventLog.from_export(small_run.event_log.export())  # write_run takes its log
+        run = FinishedRun(simulated_run_meta(small_run), log)
         with pytest.raises(UserError, match="nonsense"), open_out_dir(tmp_path / "o") as out:
             write_run(run, out, args, bad, reporter)
         assert list(tmp_path.iterdir()) == []  # nothing half-written is left
