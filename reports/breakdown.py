@@ -150,11 +150,15 @@ def _wait_split_one(
     t = steps["schedule_time_s"].to_numpy(dtype=np.float64)
     order = np.argsort(t, kind="stable")
     t = t[order]
-    blocker = np.asarray(steps["admission_blocker"].astype(str).to_numpy())[order]
+    # the blockers as category codes (one comparison of small ints per reason, not of strings)
+    blocker = pd.Categorical(steps["admission_blocker"])
+    codes = blocker.codes[order][:-1]
+    categories = [str(c) for c in blocker.categories]
     dt = np.diff(t)
     charged = np.zeros_like(total)
     for reason, seg in WAIT_REASONS.items():
-        cum = np.concatenate(([0.0], np.cumsum(np.where(blocker[:-1] == reason, dt, 0.0))))
+        code = categories.index(reason) if reason in categories else -2  # -1: missing
+        cum = np.concatenate(([0.0], np.cumsum(np.where(codes == code, dt, 0.0))))
         part = np.interp(scheduled, t, cum) - np.interp(enqueued, t, cum)
         out[seg] = part
         charged = charged + part
