@@ -41,7 +41,6 @@ from reports.options import check_goodput, parse_percentile_metrics, parse_perce
 from reports.stats import (
     DEFAULT_PERCENTILE_METRICS,
     DEFAULT_PERCENTILES,
-    METRIC_TITLES,
     MS_PER_S,
     PERCENTILE_METRICS,
     Describe,
@@ -49,6 +48,9 @@ from reports.stats import (
     describe_weighted,
     percentile_word,
 )
+
+# Re-exported: the printed summary is part of this module's interface.
+from reports.stats import format_summary as format_summary
 from reports.tables import RunTables
 
 
@@ -236,45 +238,3 @@ def _details(tables: RunTables, ok: np.ndarray) -> dict[str, Any]:
         "start_times": req["arrival_s"].tolist(),
         "errors": ["" if good else str(e) for good, e in zip(ok, errors, strict=True)],
     }
-
-
-def _ms(value: float | None) -> str:
-    """A latency as vllm prints it; "n/a" where no request gave one."""
-    return "n/a" if value is None else f"{value:.2f}"
-
-
-def format_summary(summary: Mapping[str, Any]) -> str:
-    """The "Serving Benchmark Result" block, line for line in vllm bench's layout."""
-    s = summary
-    lines = ["{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="=")]
-    add = lines.append
-    add("{:<40} {:<10}".format("Successful requests:", s["completed"]))
-    add("{:<40} {:<10}".format("Failed requests:", s["failed"]))
-    if s.get("max_concurrency") is not None:
-        add("{:<40} {:<10}".format("Maximum request concurrency:", s["max_concurrency"]))
-    if s.get("request_rate") not in ("inf", None):
-        add("{:<40} {:<10.2f}".format("Request rate configured (RPS):", s["request_rate"]))
-    add("{:<40} {:<10.2f}".format("Benchmark duration (s):", s["duration"]))
-    add("{:<40} {:<10}".format("Total input tokens:", s["total_input_tokens"]))
-    add("{:<40} {:<10}".format("Total generated tokens:", s["total_output_tokens"]))
-    add("{:<40} {:<10.2f}".format("Request throughput (req/s):", s["request_throughput"]))
-    if s.get("request_goodput") is not None:
-        add("{:<40} {:<10.2f}".format("Request goodput (req/s):", s["request_goodput"]))
-    add("{:<40} {:<10.2f}".format("Output token throughput (tok/s):", s["output_throughput"]))
-    add("{:<40} {:<10.2f}".format(
-        "Peak output token throughput (tok/s):", s["max_output_tokens_per_s"]))
-    add("{:<40} {:<10.2f}".format("Peak concurrent requests:", s["max_concurrent_requests"]))
-    add("{:<40} {:<10.2f}".format(
-        "Total token throughput (tok/s):", s["total_token_throughput"]))
-    for key, (name, header) in METRIC_TITLES.items():
-        if f"mean_{key}_ms" not in s:
-            continue
-        add("{s:{c}^{n}}".format(s=header, n=50, c="-"))
-        add("{:<40} {:<10}".format(f"Mean {name} (ms):", _ms(s[f"mean_{key}_ms"])))
-        add("{:<40} {:<10}".format(f"Median {name} (ms):", _ms(s[f"median_{key}_ms"])))
-        for field, value in s.items():
-            if field.startswith("p") and field.endswith(f"_{key}_ms"):
-                word = field[1 : -len(f"_{key}_ms")]
-                add("{:<40} {:<10}".format(f"P{word} {name} (ms):", _ms(value)))
-    lines.append("=" * 50)
-    return "\n".join(lines)

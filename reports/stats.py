@@ -19,8 +19,9 @@ An empty input gives 0.0 for every statistic, as vllm's ``np.mean(values or 0)``
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -207,3 +208,58 @@ def quantile_curve(
         return xs, cw / cw[-1], marks
     probs = np.linspace(0.0, 100.0, num_points)
     return _percentiles_sorted(xs, cw, probs), probs / 100.0, marks
+
+
+def _ms(value: float | None) -> str:
+    """A latency as vllm prints it; "n/a" where no request gave one."""
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def format_summary(
+    summary: Mapping[str, Any], metric_titles: Mapping[str, tuple[str, str]] = METRIC_TITLES
+) -> str:
+    """The "Serving Benchmark Result" block, line for line in vllm bench's layout: a run's
+    summary, or a ``bench serve`` result (whose ``metric_titles`` add the client's queueing
+    metrics). A percentile line is every ``p<number>_<metric>_ms`` field, in field order."""
+    s = summary
+    lines = ["{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="=")]
+    add = lines.append
+    add("{:<40} {:<10}".format("Successful requests:", s["completed"]))
+    add("{:<40} {:<10}".format("Failed requests:", s["failed"]))
+    if s.get("max_concurrency") is not None:
+        add("{:<40} {:<10}".format("Maximum request concurrency:", s["max_concurrency"]))
+    if s.get("request_rate") not in ("inf", None):
+        add("{:<40} {:<10.2f}".format("Request rate configured (RPS):", s["request_rate"]))
+    add("{:<40} {:<10.2f}".format("Benchmark duration (s):", s["duration"]))
+    add("{:<40} {:<10}".format("Total input tokens:", s["total_input_tokens"]))
+    add("{:<40} {:<10}".format("Total generated tokens:", s["total_output_tokens"]))
+    add("{:<40} {:<10.2f}".format("Request throughput (req/s):", s["request_throughput"]))
+    if s.get("request_goodput") is not None:
+        add("{:<40} {:<10.2f}".format("Request goodput (req/s):", s["request_goodput"]))
+    add("{:<40} {:<10.2f}".format("Output token throughput (tok/s):", s["output_throughput"]))
+    add("{:<40} {:<10.2f}".format(
+        "Peak output token throughput (tok/s):", s["max_output_tokens_per_s"]))
+    add("{:<40} {:<10.2f}".format("Peak concurrent requests:", s["max_concurrent_requests"]))
+    add("{:<40} {:<10.2f}".format(
+        "Total token throughput (tok/s):", s["total_token_throughput"]))
+    for key, (name, header) in metric_titles.items():
+        if f"mean_{key}_ms" not in s:
+            continue
+        add("{s:{c}^{n}}".format(s=header, n=50, c="-"))
+        add("{:<40} {:<10}".format(f"Mean {name} (ms):", _ms(s[f"mean_{key}_ms"])))
+        add("{:<40} {:<10}".format(f"Median {name} (ms):", _ms(s[f"median_{key}_ms"])))
+        suffix = f"_{key}_ms"
+        for field, value in s.items():
+            word = field[1 : -len(suffix)] if field.endswith(suffix) else ""
+            if field.startswith("p") and _is_number(word):
+                add("{:<40} {:<10}".format(f"P{word} {name} (ms):", _ms(value)))
+    lines.append("=" * 50)
+    return "\n".join(lines)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True

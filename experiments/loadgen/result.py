@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from experiments.loadgen.client import RequestOutput
-from reports.stats import METRIC_TITLES, MS_PER_S
+from reports.stats import METRIC_TITLES, MS_PER_S, format_summary
 
 #: vllm bench serve's percentile metrics: key -> (printed name, section header); the client's
 #: queueing metrics come on top of the four every report has.
@@ -237,47 +237,6 @@ def benchmark_result(
 
 
 def format_result(result: Mapping[str, Any]) -> str:
-    """The "Serving Benchmark Result" table of ``result``, line for line as vllm prints it."""
-    lines = ["{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="=")]
-    add = lines.append
-    add("{:<40} {:<10}".format("Successful requests:", result["completed"]))
-    add("{:<40} {:<10}".format("Failed requests:", result["failed"]))
-    if result.get("max_concurrency") is not None:
-        add("{:<40} {:<10}".format("Maximum request concurrency:", result["max_concurrency"]))
-    if result.get("request_rate") != "inf":
-        add("{:<40} {:<10.2f}".format("Request rate configured (RPS):", result["request_rate"]))
-    add("{:<40} {:<10.2f}".format("Benchmark duration (s):", result["duration"]))
-    add("{:<40} {:<10}".format("Total input tokens:", result["total_input_tokens"]))
-    add("{:<40} {:<10}".format("Total generated tokens:", result["total_output_tokens"]))
-    add("{:<40} {:<10.2f}".format("Request throughput (req/s):", result["request_throughput"]))
-    if result.get("request_goodput") is not None:
-        add("{:<40} {:<10.2f}".format("Request goodput (req/s):", result["request_goodput"]))
-    add("{:<40} {:<10.2f}".format("Output token throughput (tok/s):",
-                                  result["output_throughput"]))
-    add("{:<40} {:<10.2f}".format("Peak output token throughput (tok/s):",
-                                  result["max_output_tokens_per_s"]))
-    add("{:<40} {:<10.2f}".format("Peak concurrent requests:",
-                                  result["max_concurrent_requests"]))
-    add("{:<40} {:<10.2f}".format("Total token throughput (tok/s):",
-                                  result["total_token_throughput"]))
-    for key, (name, header) in METRICS.items():
-        if f"mean_{key}_ms" not in result:
-            continue
-        add("{s:{c}^{n}}".format(s=header, n=50, c="-"))
-        add("{:<40} {:<10.2f}".format(f"Mean {name} (ms):", result[f"mean_{key}_ms"]))
-        add("{:<40} {:<10.2f}".format(f"Median {name} (ms):", result[f"median_{key}_ms"]))
-        suffix = f"_{key}_ms"
-        for field_name, value in result.items():
-            word = field_name[1:-len(suffix)] if field_name.endswith(suffix) else ""
-            if field_name.startswith("p") and word and _is_number(word):
-                add("{:<40} {:<10.2f}".format(f"P{word} {name} (ms):", value))
-    add("=" * 50)
-    return "\n".join(lines)
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
+    """The "Serving Benchmark Result" table of ``result``, line for line as vllm prints it
+    (``reports.stats.format_summary`` with the client's queueing metrics)."""
+    return format_summary(result, METRICS)
