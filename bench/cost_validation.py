@@ -292,18 +292,15 @@ def aiperf_metrics(cfg: Any) -> dict[str, float]:
     pooled = dataclasses.replace(work, shared_prefix_ids=draws.astype(np.int64),
                                  shared_prefix_lens=work.prompt_lens.copy())
     # the warm-up alone, to know when it has drained; the measured requests start after it
-    warm = dataclasses.replace(
-        pooled, **{name: getattr(pooled, name)[:num_warmup] for name in _PER_REQUEST})
+    per_request = {f.name: getattr(pooled, f.name) for f in dataclasses.fields(pooled)}
+    warm = dataclasses.replace(pooled, **{name: column[:num_warmup] for name, column
+                                          in per_request.items()
+                                          if isinstance(column, np.ndarray)})
     drained_s = float(metrics_of(SimRuntime(cfg, workload=warm).run())["batch_latency"]) / 1e3
     send = np.zeros(total)
     send[num_warmup:] = drained_s + 1.0  # one idle second, then the burst
     run = SimRuntime(cfg, workload=dataclasses.replace(pooled, send_time_s=send)).run()
     return metrics_of(run, skip=num_warmup)
-
-
-#: Workload columns with one entry per request.
-_PER_REQUEST = ("send_time_s", "prompt_lens", "output_lens", "priorities", "shared_prefix_ids",
-                "shared_prefix_lens")
 
 
 # -- per-step rows -------------------------------------------------------------------------------
