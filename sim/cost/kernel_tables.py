@@ -86,11 +86,18 @@ def _value(text: str) -> float:
 
 
 def _read(name: str, system: str) -> tuple[list[str], list[list[str]]]:
-    path = DATA_DIR / name
-    with path.open(newline="") as f:
-        rows = csv.reader(f)
-        header = next(rows)
-        return header, [r for r in rows if r[0] == system]
+    """The header of table ``name`` and the rows of GPU ``system`` (its first column). The
+    other GPUs' lines are skipped before they are parsed: a run reads one GPU of six."""
+    lines = (DATA_DIR / name).read_text(encoding="utf-8").splitlines()
+    prefix = f"{system},"
+    header, *rows = csv.reader([lines[0], *(line for line in lines if line.startswith(prefix))])
+    return header, [r for r in rows if r[0] == system]
+
+
+def _read_records(name: str, system: str) -> list[dict[str, str]]:
+    """``_read``'s rows as records keyed by the header's names."""
+    header, rows = _read(name, system)
+    return [dict(zip(header, r, strict=True)) for r in rows]
 
 
 def systems() -> tuple[str, ...]:
@@ -167,21 +174,15 @@ class KernelTables:
 
     def _read_comm(self) -> None:
         self._allreduce: dict[tuple[str, int], list[tuple[float, float]]] = {}
-        with (DATA_DIR / "allreduce.csv").open(newline="") as f:
-            for r in csv.DictReader(f):
-                if r["gpu"] == self.system:
-                    key = (r["impl"], int(r["tp"]))
-                    self._allreduce.setdefault(key, []).append(
-                        (float(r["bytes"]), float(r["latency_us"]))
-                    )
+        for r in _read_records("allreduce.csv", self.system):
+            self._allreduce.setdefault((r["impl"], int(r["tp"])), []).append(
+                (float(r["bytes"]), float(r["latency_us"]))
+            )
         self._collectives: dict[tuple[str, int], list[tuple[float, float]]] = {}
-        with (DATA_DIR / "nccl_collectives.csv").open(newline="") as f:
-            for r in csv.DictReader(f):
-                if r["gpu"] == self.system:
-                    key = (r["op"], int(r["tp"]))
-                    self._collectives.setdefault(key, []).append(
-                        (float(r["bytes"]), float(r["latency_us"]))
-                    )
+        for r in _read_records("nccl_collectives.csv", self.system):
+            self._collectives.setdefault((r["op"], int(r["tp"])), []).append(
+                (float(r["bytes"]), float(r["latency_us"]))
+            )
 
     # -- GEMM ---------------------------------------------------------------------------------
     def has_gemm(self, dtype: str) -> bool:
