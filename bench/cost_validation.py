@@ -31,7 +31,14 @@ Workloads, fixed before looking at any error:
 * ``vllm_ci_*`` latency — ``vllm bench latency``: 8 prompts of 32 tokens at once, 128 output
   tokens each, the time until the last one is delivered; the offline ``LLM`` class's budgets
   (16384 batched tokens on H100/H200, 8192 on A100) and no prefix caching (the benchmark turns
-  it off: ``vllm/benchmarks/latency.py``).
+  it off: ``vllm/benchmarks/latency.py``);
+* ``splitwise_perf_model`` — the source's static batches: ``B`` requests of ``P`` prompt
+  tokens sent together, ``T`` output tokens each, no prefix caching (the source reused no KV
+  cache), the offline ``LLM`` class's budgets as for the latency rows; mean TTFT and mean
+  per-request TPOT over the batch. Not reproduced: a batch's TTFT (``prompt_time`` with
+  ``B > 1``: the source does not say whose first token it times), and requests longer than
+  Llama-2-70B's 4,096-token context (vLLM refuses them; the source does not say how its
+  engine ran them).
 
 Scheduling: every row runs with the scheduling its vLLM did by default (``--scheduling
 published``). vLLM made async scheduling the default in 0.14.0 (release notes: "Async
@@ -70,7 +77,12 @@ MODELS: dict[str, tuple[str, str | None, int | None]] = {
     "nvidia/Llama-3.1-8B-Instruct-FP8": ("llama-3.1-8b", "fp8", None),
     "meta-llama/Llama-3.1-70B": ("llama-3.1-70b", None, None),
     "meta-llama/Meta-Llama-3-70B": ("llama-3.1-70b", None, 8192),  # Llama-3 70B: same shapes
+    "meta-llama/Llama-2-70b-hf": ("meta-llama/Llama-2-70b-hf", None, None),
 }
+#: The Splitwise authors' static batches (bench/data/VALIDATION.md).
+SPLITWISE = "splitwise_perf_model"
+#: Llama-2-70B's context length (its config's max_position_embeddings).
+SPLITWISE_CONTEXT = 4096
 #: First vLLM release that schedules asynchronously by default (v0.14.0 release notes,
 #: https://github.com/vllm-project/vllm/releases/tag/v0.14.0, PR #27614).
 ASYNC_DEFAULT_RELEASE = (0, 14)
@@ -148,6 +160,11 @@ def why_not(row: Row) -> str:
         return f"metric {row.metric} not reproduced"
     if row.source == "aic_silicon" and not (row.isl and row.osl and row.concurrency):
         return "lengths or concurrency missing"
+    if row.source == SPLITWISE and row.metric == "ttft" and (row.concurrency or 1) > 1:
+        return "TTFT of a batch: the source does not say whose first token it times"
+    if row.source == SPLITWISE and (row.isl or 0) + (row.osl or 0) > SPLITWISE_CONTEXT:
+        return (f"longer than Llama-2-70B's {SPLITWISE_CONTEXT}-token context (how the "
+                "source ran it is not stated)")
     return ""
 
 
@@ -178,15 +195,16 @@ def sim_config(row: Row, cost_model: str, scheduling: str = "published") -> Any:
     common: dict[str, Any] = dict(model=model, gpu=row.gpu, tensor_parallel_size=row.tp,
                                   cost_model=cost_model, quantization=quant, dtype=dtype,
                                   max_model_len=max_len)
-    if row.metric == "batch_latency":
+    if row.metric == "batch_latency" or row.source == SPLITWISE:
         tokens, seqs = (8192, 256) if row.gpu.startswith("a100") else (16384, 1024)
+        isl, osl = row.isl or 32, row.osl or 128
         return SimConfig(
             **common, engine=EngineKnobs(max_num_batched_tokens=tokens, max_num_seqs=seqs,
                                          enable_prefix_caching=False,
                                          async_scheduling=async_scheduling),
-            workload=WorkloadConfig(dataset_name="random", num_prompts=8,
-                                    request_rate=math.inf, random_input_len=row.isl or 32,
-                                    random_output_len=row.osl or 128, seed=0))
+            workload=WorkloadConfig(dataset_name="random", num_prompts=row.concurrency or 8,
+                                    request_rate=math.inf, random_input_len=isl,
+                                    random_output_len=osl, seed=0))
     conc = row.concurrency or 1
     return SimConfig(**common, engine=EngineKnobs(async_scheduling=async_scheduling),
                      workload=WorkloadConfig(

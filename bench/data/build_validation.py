@@ -1,13 +1,17 @@
 """Assemble validation_set.csv: published end-to-end vLLM measurements (validation only, never fit).
 
 Rows come from (1) aiconfigurator-core's bundled silicon corpus (systems/silicon_sample.csv,
-Apache-2.0: measured vLLM TTFT/TPOT per deployment), filtered to vLLM + Llama on H100/H200, and
-(2) numbers stated verbatim on public pages (MANUAL below; each with its URL and how it was read).
-Run with aiconfigurator-core 0.12.0 and pandas installed: python bench/data/build_validation.py
+Apache-2.0: measured vLLM TTFT/TPOT per deployment), filtered to vLLM + Llama on H100/H200,
+(2) numbers stated verbatim on public pages (MANUAL below; each with its URL and how it was
+read), and (3) the Splitwise authors' measured Llama-2-70B static batches on DGX-A100/DGX-H100
+(SplitwiseSim's data/perf_model.csv, MIT; the mean of each configuration's repetitions).
+Run with aiconfigurator-core 0.12.0 and pandas installed, given that file (SPLITWISE_URL):
+python bench/data/build_validation.py PATH/TO/perf_model.csv
 """
 from __future__ import annotations
 
 import csv
+import sys
 from importlib import resources
 from pathlib import Path
 
@@ -19,6 +23,8 @@ COLUMNS = ["row_id", "source_id", "url", "vllm_version", "gpu", "num_gpus", "tp"
            "num_prompts", "metric", "statistic", "value", "unit", "how_read", "notes"]
 
 BK = "vLLM performance-benchmark CI page; workload per the page: "
+H200_VERSION = ("not stated (a build of 2024-10-28, V0 engine: build 9515 is the working H200 "
+                "run linked from vllm-project/vllm PR #9768 of that day)")
 LAT = ("latency test (vllm bench latency): batch of 8 prompts, input 32 tokens, output 128 "
        "tokens; value = time for the whole batch")
 THR = ("throughput test (offline): 200 prompts sampled from ShareGPT with a fixed seed, their "
@@ -27,19 +33,19 @@ MANUAL = [
     # source_id, url, vllm_version, gpu, num_gpus, tp, model, wdtype, kvdtype, workload, isl, osl,
     # conc, rate, nprompts, metric, stat, value, unit, how_read, notes
     ("vllm_ci_h200", "https://buildkite.com/vllm/performance-benchmark/builds/9515",
-     "not stated (vLLM main at that CI build)", "h200-sxm", 8, 1, "meta-llama/Llama-3.1-8B",
+     H200_VERSION, "h200-sxm", 8, 1, "meta-llama/Llama-3.1-8B",
      "bf16", "bf16", LAT, 32, 128, 8, "", 8, "batch_latency", "mean", 833.421, "ms",
      "table on page (copied)", BK + "latency_llama8B_tp1"),
     ("vllm_ci_h200", "https://buildkite.com/vllm/performance-benchmark/builds/9515",
-     "not stated (vLLM main at that CI build)", "h200-sxm", 8, 4, "meta-llama/Meta-Llama-3-70B",
+     H200_VERSION, "h200-sxm", 8, 4, "meta-llama/Meta-Llama-3-70B",
      "bf16", "bf16", LAT, 32, 128, 8, "", 8, "batch_latency", "mean", 2077.53, "ms",
      "table on page (copied)", BK + "latency_llama70B_tp4 (Llama-3 70B: same shapes as 3.1)"),
     ("vllm_ci_h200", "https://buildkite.com/vllm/performance-benchmark/builds/9515",
-     "not stated (vLLM main at that CI build)", "h200-sxm", 8, 1, "meta-llama/Llama-3.1-8B",
+     H200_VERSION, "h200-sxm", 8, 1, "meta-llama/Llama-3.1-8B",
      "bf16", "bf16", THR, "", "", "", "", 200, "request_throughput", "run", 22.5674, "req/s",
      "table on page (copied)", BK + "throughput_llama8B_tp1; needs the ShareGPT sample"),
     ("vllm_ci_h200", "https://buildkite.com/vllm/performance-benchmark/builds/9515",
-     "not stated (vLLM main at that CI build)", "h200-sxm", 8, 4, "meta-llama/Meta-Llama-3-70B",
+     H200_VERSION, "h200-sxm", 8, 4, "meta-llama/Meta-Llama-3-70B",
      "bf16", "bf16", THR, "", "", "", "", 200, "request_throughput", "run", 9.83905, "req/s",
      "table on page (copied)", BK + "throughput_llama70B_tp4; needs the ShareGPT sample"),
     ("vllm_ci_h100", "https://buildkite.com/elastic/enterprise-search-ruby/builds/571",
@@ -126,8 +132,44 @@ def silicon_rows() -> list[list[object]]:
     return rows
 
 
-def main() -> None:
-    rows = [list(m) for m in MANUAL] + silicon_rows()
+SPLITWISE_URL = ("https://github.com/Mutinifni/splitwise-sim/blob/"
+                 "8f99e7dc9b407f4ce2488d03dd44c0b8b946dab0/data/perf_model.csv")
+#: perf_model.csv's hardware -> catalog GPU (DGX-H100: SXM); its power-capped H100 rows repeat
+#: the H100 rows' times and are left out.
+SPLITWISE_GPUS = {"a100-80gb": "a100-80gb", "h100-80gb": "h100-sxm"}
+SPLITWISE_WORKLOAD = ("static batch: B identical requests of P prompt tokens sent together, "
+                      "each forced to generate T tokens; KV cache not reused between requests")
+SPLITWISE_NOTE = ("measured by the Splitwise authors (Patel et al., ISCA 2024) on DGX-A100 / "
+                  "DGX-H100, fp16; engine version not recorded; token_time is the mean time "
+                  "between tokens ((e2e_time - prompt_time) / (T - 1) in the file), prompt_time "
+                  "the time to the first token")
+
+
+def splitwise_rows(path: Path) -> list[list[object]]:
+    """Llama-2-70B's configurations in SplitwiseSim's perf_model.csv: per (GPU, TP, P, B, T),
+    the mean prompt_time (TTFT) and token_time (TPOT) of the file's repetitions."""
+    df = pd.read_csv(path)
+    df = df[(df.model == "llama2-70b") & df.hardware.isin(list(SPLITWISE_GPUS))]
+    keys = ["hardware", "tensor_parallel", "prompt_size", "batch_size", "token_size"]
+    rows = []
+    for (hw, tp, isl, batch, osl), g in df.groupby(keys, sort=True):
+        for metric, column in (("ttft", "prompt_time"), ("tpot", "token_time")):
+            rows.append([
+                "splitwise_perf_model", SPLITWISE_URL,
+                "not stated (Splitwise's characterization; data file committed 2024-03-29)",
+                SPLITWISE_GPUS[hw], 8, int(tp), "meta-llama/Llama-2-70b-hf", "fp16", "fp16",
+                SPLITWISE_WORKLOAD, int(isl), int(osl), int(batch), "", int(batch), metric,
+                f"mean of {len(g)} runs", round(float(g[column].mean()), 3), "ms",
+                f"mean of the file's {len(g)} rows for this configuration (computed)",
+                SPLITWISE_NOTE])
+    return rows
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) != 1:
+        raise SystemExit(f"usage: python bench/data/build_validation.py PATH/TO/perf_model.csv "
+                         f"(from {SPLITWISE_URL})")
+    rows = [list(m) for m in MANUAL] + silicon_rows() + splitwise_rows(Path(argv[0]))
     with OUT.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(COLUMNS)
@@ -139,4 +181,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -88,8 +88,9 @@ def test_the_aiperf_procedure_warms_up_then_measures_a_burst_from_idle(
 
 def test_validation_set_states_its_sources() -> None:
     rows = cost_validation.read_rows()
-    assert len(rows) == 279
-    assert {r.source for r in rows} >= {"aic_silicon", "vllm_ci_h100", "inferencebench_h100"}
+    assert len(rows) == 507
+    assert {r.source for r in rows} >= {"aic_silicon", "vllm_ci_h100", "inferencebench_h100",
+                                        "splitwise_perf_model"}
     assert all(r.value > 0 and r.unit for r in rows)
     text = (ROOT / "bench" / "data" / "VALIDATION.md").read_text()
     for source in {r.source for r in rows}:
@@ -130,3 +131,26 @@ def test_synchronous_rows_pay_each_steps_host_work() -> None:
     # Synchronously, input preparation at least is serial with the device; at most the whole
     # host side of a step is (scheduling, preparation, launching, the output update).
     assert step.host_s < per_step_s < host_s + step.host_s + step.launch_s
+
+
+def test_splitwise_rows_run_as_the_sources_static_batches() -> None:
+    """B requests of P tokens sent together, T outputs each, no prefix caching, synchronous
+    (measured before vLLM scheduled asynchronously); a batch's TTFT and requests beyond
+    Llama-2-70B's context are not simulated, and say why."""
+    rows = [r for r in cost_validation.read_rows() if r.source == "splitwise_perf_model"]
+    assert len(rows) == 228 and {r.gpu for r in rows} == {"a100-80gb", "h100-sxm"}
+    assert {r.tp for r in rows} == {2, 4, 8} and {r.metric for r in rows} == {"ttft", "tpot"}
+    batch = next(r for r in rows if r.metric == "tpot" and r.concurrency == 16)
+    cfg = cost_validation.sim_config(batch, "auto")
+    w = cfg.workload
+    assert (w.num_prompts, w.random_input_len, w.random_output_len) == (16, 512, 128)
+    assert w.request_rate == float("inf") and w.max_concurrency is None
+    assert not cfg.engine.enable_prefix_caching and not cfg.engine.async_scheduling
+    assert cfg.dtype == "float16" and cfg.tensor_parallel_size == batch.tp
+    assert cost_validation.why_not(batch) == ""
+    batch_ttft = next(r for r in rows if r.metric == "ttft" and (r.concurrency or 1) > 1)
+    assert "whose first token" in cost_validation.why_not(batch_ttft)
+    long = next(r for r in rows if (r.isl or 0) + (r.osl or 0) > 4096)
+    assert "4096-token context" in cost_validation.why_not(long)
+    simulated = [r for r in rows if not cost_validation.why_not(r)]
+    assert len(simulated) == 144
