@@ -148,11 +148,12 @@ def test_a_long_log_is_handed_over_and_written_the_same(tmp_path: Path,
 
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    copied = _reporter().write(_simulated().event_log, {"kind": "simulated"}, tmp_path / "a",
+    meta = {"kind": "simulated", "date": "20261201-000000"}  # not the clock's second
+    copied = _reporter().write(_simulated().event_log, meta, tmp_path / "a",
                                OPTIONS, plots=False, file_format="parquet")
     monkeypatch.setattr(rp, "MAX_STEPS_COPIED", 0)
     log = _simulated().event_log
-    handed = _reporter().write(log, {"kind": "simulated"}, tmp_path / "b", OPTIONS,
+    handed = _reporter().write(log, meta, tmp_path / "b", OPTIONS,
                                plots=False, file_format="parquet")
     assert copied is not None and handed is not None
     assert log.num_steps == 0 and log.req_ids == []  # the run kept none of it
