@@ -33,7 +33,7 @@ import signal
 import sys
 import traceback
 from array import array
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -103,10 +103,11 @@ class ReportProcess:
             exported = log.take_export() if handed_over else log.export()
             self._conn.send((meta, str(out_dir), options, plots, file_format, handed_over))
             self._sent = True
-            send_export(self._conn, exported)
+            # a handed-over log's pages go back to the system column by column as they are
+            # sent (malloc would keep them), so the run and this process never hold it twice
+            send_export(self._conn, exported,
+                        on_sent=_return_free_memory if handed_over else None)
             del exported
-            if handed_over:
-                _return_free_memory()  # the log's pages, which malloc would keep
             status, value = self._conn.recv()
         except (EOFError, OSError):
             if handed_over:
@@ -241,20 +242,26 @@ def _follow_parent(parent_pid: int) -> None:
     die_with_parent(parent_pid=parent_pid)
 
 
-def send_export(conn: Connection, exported: dict[str, Any]) -> None:
+def send_export(conn: Connection, exported: dict[str, Any],
+                on_sent: Callable[[], None] | None = None) -> None:
     """Send an ``EventLog.export()`` column by column, emptying ``exported`` as it goes (a
     column sent is freed unless the sender holds it elsewhere): typed arrays as raw bytes,
-    with no pickled copy; lists and other values pickled one at a time."""
+    with no pickled copy; lists and other values pickled one at a time. ``on_sent`` is called
+    after each column has been sent and let go."""
     layout = [(key, list(value) if isinstance(value, dict) else None)
               for key, value in exported.items()]
     conn.send(layout)
     for key, names in layout:
         if names is None:
             _send_column(conn, exported.pop(key))
+            if on_sent is not None:
+                on_sent()
             continue
         part = exported.pop(key)
         for name in names:
             _send_column(conn, part.pop(name))
+            if on_sent is not None:
+                on_sent()
         del part
 
 

@@ -134,6 +134,27 @@ def test_the_log_crosses_the_pipe_unchanged(small_run: Any) -> None:
     assert type(received["steps"]["admission_blocker"]) is list
 
 
+def test_on_sent_runs_once_per_column_as_the_export_empties(small_run: Any) -> None:
+    """``on_sent`` (where the run returns a handed-over log's pages to the system) runs once
+    per column sent, the export shrinking to nothing meanwhile."""
+    sent = small_run.event_log.export()
+    columns = [(key, name) for key, value in sent.items()
+               for name in (value if isinstance(value, dict) else [None])]
+    held: list[int] = []
+
+    def on_sent() -> None:
+        held.append(sum(len(v) if isinstance(v, dict) else 1 for v in sent.values()))
+
+    ours, theirs = Pipe()
+    sender = threading.Thread(target=send_export, args=(ours, sent), kwargs={"on_sent": on_sent})
+    sender.start()
+    received = recv_export(theirs)
+    sender.join()
+    assert received == small_run.event_log.export()
+    assert len(held) == len(columns) and held[-1] == 0
+    assert held == sorted(held, reverse=True)  # the export only shrinks
+
+
 def _simulated(num_prompts: int = 30) -> Any:
     return run_simulation(SimConfig.from_dict({"workload": {
         "dataset_name": "random", "num_prompts": num_prompts, "request_rate": 50.0,
