@@ -45,20 +45,30 @@ def pooled_itls(tables: RunTables, mask: np.ndarray | None = None) -> PooledITL:
     first = runs["first_step"].to_numpy()
     count = runs["num_tokens"].to_numpy()
     size = len(delivered)
-    # inside runs: gap (s, s+1) for s in [first, first + count - 2]
+    # inside runs: gap (s, s+1) for s in [first, first + count - 2] (temporaries are let go
+    # as soon as they are used: a million-request run's report peaks here)
     multi = count >= 2
-    diff = np.bincount(first[multi], minlength=size + 1)[: size + 1].astype(np.int64)
-    diff -= np.bincount(first[multi] + count[multi] - 1, minlength=size + 1)[: size + 1]
-    within_w = np.cumsum(diff)[: max(size - 1, 0)]
+    first_m, count_m = first[multi], count[multi]
+    del multi
+    diff = np.asarray(np.bincount(first_m, minlength=size + 1)[: size + 1], dtype=np.int64)
+    diff -= np.bincount(first_m + count_m - 1, minlength=size + 1)[: size + 1]
+    del first_m, count_m
+    np.cumsum(diff, out=diff)
+    within_w = diff[: max(size - 1, 0)]
     steps_with = np.flatnonzero(within_w)
     within_v = delivered[steps_with + 1] - delivered[steps_with]
+    within_w = within_w[steps_with]
+    del diff, steps_with
     # between consecutive runs of one request (runs are sorted by req_index, first_step)
     same = req[1:] == req[:-1]
     last_prev = (first + count - 1)[:-1][same]
     first_next = first[1:][same]
+    del same
     between_v = delivered[first_next] - delivered[last_prev]
+    del first_next, last_prev, delivered
     values = np.concatenate([within_v, between_v])
-    weights = np.concatenate([within_w[steps_with], np.ones(len(between_v), dtype=np.int64)])
+    del within_v
+    weights = np.concatenate([within_w, np.ones(len(between_v), dtype=np.int64)])
     return PooledITL(values, weights)
 
 
@@ -98,17 +108,29 @@ def per_second_peaks(tables: RunTables, mask: np.ndarray) -> tuple[float, int]:
     runs = tables.token_runs
     selected = mask[runs["req_index"].to_numpy()]  # the selected requests' runs (no table copy)
     delivered = step_lookup(tables.steps, "delivered_time_s")
+    num_steps = len(delivered)
     first = runs["first_step"].to_numpy()[selected]
     stop = first + runs["num_tokens"].to_numpy()[selected]
     del selected
-    cover = np.bincount(first, minlength=len(delivered) + 1).astype(np.int64)
-    cover -= np.bincount(stop, minlength=len(delivered) + 1)
-    tokens_per_step = np.cumsum(cover)[: len(delivered)]
-    has = tokens_per_step > 0
+    cover = np.bincount(first, minlength=num_steps + 1).astype(np.int64)
+    del first
+    cover -= np.bincount(stop, minlength=num_steps + 1)
+    del stop
+    np.cumsum(cover, out=cover)  # tokens delivered per step (the last entry is past the end)
+    has = cover[:num_steps] > 0
+    weights = cover[:num_steps][has]
+    del cover
     bucket = np.trunc(delivered[has] - t0)
+    del delivered, has
     ok = (bucket >= 0) & (bucket < num_buckets)
-    _, slot = np.unique(bucket[ok], return_inverse=True)
-    tokens = np.bincount(slot, weights=tokens_per_step[has][ok])
+    bucket, weights = bucket[ok], weights[ok]
+    del ok
+    if num_buckets <= num_steps + 1:  # dense seconds: no larger than the per-step arrays
+        tokens = np.bincount(bucket.astype(np.int64), weights=weights)
+    else:  # far more seconds than steps (a stretched trace): number the occupied ones
+        _, slot = np.unique(bucket, return_inverse=True)
+        tokens = np.bincount(slot, weights=weights)
+    del bucket, weights
     # concurrency: +1 in every second from the send second to the completion second, i.e. +1
     # at the send second and -1 one second after the completion second. The count only falls
     # between send seconds, so its peak is at one: the sends up to it minus the ends before.

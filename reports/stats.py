@@ -132,7 +132,8 @@ def weighted_mean_std(values: np.ndarray, weights: np.ndarray) -> tuple[float, f
     v = np.asarray(values, dtype=np.float64)
     mean = float(np.dot(w, v) / n)
     dev = v - mean
-    return mean, float(np.sqrt(np.dot(w, dev * dev) / n))
+    np.multiply(dev, dev, out=dev)  # squared in place: one array, not two
+    return mean, float(np.sqrt(np.dot(w, dev) / n))
 
 
 def _sorted_cumulative(values: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -147,8 +148,11 @@ def _sorted_cumulative(values: np.ndarray, weights: np.ndarray) -> tuple[np.ndar
         return np.sort(v), np.arange(1, len(v) + 1, dtype=np.int64)
     keep = w > 0
     v, w = v[keep], w[keep]
+    del keep
     order = np.argsort(v)  # ties may come in any order: the expansion is the same
-    return v[order], np.cumsum(w[order])
+    v, w = v[order], w[order]  # each sorted copy replaces its input (a long run's ITLs)
+    del order
+    return v, np.cumsum(w, out=w)
 
 
 def describe(values: np.ndarray, percentiles: Sequence[float]) -> Describe:
