@@ -56,7 +56,7 @@ def pooled_itls(tables: RunTables, mask: np.ndarray | None = None) -> PooledITL:
     np.cumsum(diff, out=diff)
     within_w = diff[: max(size - 1, 0)]
     steps_with = np.flatnonzero(within_w)
-    within_v = delivered[steps_with + 1] - delivered[steps_with]
+    within_v = delivered[1:][steps_with] - delivered[steps_with]
     within_w = within_w[steps_with]
     del diff, steps_with
     # between consecutive runs of one request (runs are sorted by req_index, first_step)

@@ -147,7 +147,8 @@ def _sorted_cumulative(values: np.ndarray, weights: np.ndarray) -> tuple[np.ndar
     if (w == 1).all():  # plain data: a sort is enough
         return np.sort(v), np.arange(1, len(v) + 1, dtype=np.int64)
     keep = w > 0
-    v, w = v[keep], w[keep]
+    if not keep.all():  # (pooled ITLs have no zero weights: no copy for them)
+        v, w = v[keep], w[keep]
     del keep
     order = np.argsort(v)  # ties may come in any order: the expansion is the same
     v, w = v[order], w[order]  # each sorted copy replaces its input (a long run's ITLs)
