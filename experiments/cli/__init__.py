@@ -71,7 +71,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The whole command line; with ``command``, only as much of it as that command needs:
     the modules are registered in order until one adds ``command`` (all of them when none
     does, so an unknown command is refused with the full list). ``twinserve simulate`` thus
-    imports no other command's module (≈ 20 ms of a 10,000-request run's start)."""
+    imports no other command's module (≈ 10 ms of a 10,000-request run's start)."""
     parser = _Parser(
         prog="twinserve",
         description="LLM serving engine modelled on vLLM V1: one scheduler core, simulated "
