@@ -34,6 +34,7 @@ import sys
 import traceback
 from array import array
 from collections.abc import Callable, Mapping
+from functools import cache
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -196,8 +197,10 @@ def _serve(conn: Connection, parent_end: Connection | None = None,
 _M_MMAP_THRESHOLD = -3
 
 
+@cache
 def _libc() -> Any:
-    """glibc, or None (another C library, another system: the tuning below is skipped)."""
+    """glibc, or None (another C library, another system: the tuning below is skipped);
+    loaded once per process (a handover trims after every column)."""
     if not sys.platform.startswith("linux"):
         return None
     import ctypes
@@ -224,8 +227,8 @@ def _map_large_blocks() -> None:
 
 
 def _return_free_memory() -> None:
-    """Give the memory malloc holds free back to the system (``malloc_trim``): after handing
-    its log over, the run keeps only what it still uses."""
+    """Give the memory malloc holds free back to the system (``malloc_trim``): called after
+    each column of a handed-over log is sent, so the run keeps only what it still uses."""
     libc = _libc()
     if libc is not None:
         libc.malloc_trim(0)
