@@ -81,8 +81,6 @@ MODELS: dict[str, tuple[str, str | None, int | None]] = {
 }
 #: The Splitwise authors' static batches (bench/data/VALIDATION.md).
 SPLITWISE = "splitwise_perf_model"
-#: Llama-2-70B's context length (its config's max_position_embeddings).
-SPLITWISE_CONTEXT = 4096
 #: First vLLM release that schedules asynchronously by default (v0.14.0 release notes,
 #: https://github.com/vllm-project/vllm/releases/tag/v0.14.0, PR #27614).
 ASYNC_DEFAULT_RELEASE = (0, 14)
@@ -162,10 +160,20 @@ def why_not(row: Row) -> str:
         return "lengths or concurrency missing"
     if row.source == SPLITWISE and row.metric == "ttft" and (row.concurrency or 1) > 1:
         return "TTFT of a batch: the source does not say whose first token it times"
-    if row.source == SPLITWISE and (row.isl or 0) + (row.osl or 0) > SPLITWISE_CONTEXT:
-        return (f"longer than Llama-2-70B's {SPLITWISE_CONTEXT}-token context (how the "
+    context = _context_tokens(base)
+    if (row.isl or 0) + (row.osl or 0) > context:
+        return (f"longer than {base}'s {context}-token context (vLLM refuses it; how the "
                 "source ran it is not stated)")
     return ""
+
+
+def _context_tokens(published_model: str) -> int:
+    """The longest request a row's deployment takes: its ``max_model_len`` as ``MODELS``
+    sets it, else the catalog model's context."""
+    from sim.model_catalog import get_model
+
+    catalog_name, _, max_len = MODELS[published_model]
+    return max_len or get_model(catalog_name).max_model_len
 
 
 def published_async(vllm_version: str) -> bool:
