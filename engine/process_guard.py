@@ -9,11 +9,10 @@ tied to the *thread* that forked the child: fork children from the main thread.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 import signal
-import sys
+
+from engine.core.libc import libc
 
 #: ``prctl`` option: the signal a child gets when its parent dies.
 PR_SET_PDEATHSIG = 1
@@ -23,13 +22,13 @@ def die_with_parent(sig: int = signal.SIGKILL, parent_pid: int | None = None) ->
     """Arrange for this process to get ``sig`` when its parent dies (``parent_pid``, recorded
     by the parent before the fork, catches a parent that died before this call: then this
     process exits at once). Whether the platform supports it."""
-    if not sys.platform.startswith("linux"):
+    c = libc()
+    if c is None:
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+        if c.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
             return False
-    except (OSError, AttributeError):
+    except AttributeError:  # a C library without prctl
         return False
     if parent_pid is not None and os.getppid() != parent_pid:
         os._exit(1)

@@ -34,12 +34,12 @@ import sys
 import traceback
 from array import array
 from collections.abc import Callable, Mapping
-from functools import cache
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.core.events import EventLog
+from engine.core.libc import libc
 from reports.errors import ReportError
 
 if TYPE_CHECKING:
@@ -197,19 +197,12 @@ def _serve(conn: Connection, parent_end: Connection | None = None,
 _M_MMAP_THRESHOLD = -3
 
 
-@cache
 def _libc() -> Any:
-    """glibc, or None (another C library, another system: the tuning below is skipped);
-    loaded once per process (a handover trims after every column)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
-    except OSError:
-        return None
+    """glibc with malloc's tuning calls, or None (another C library, another system: the
+    tuning below is skipped). ``engine.core.libc`` loads it once per process (a handover
+    trims after every column)."""
+    c = libc()
+    return c if hasattr(c, "mallopt") and hasattr(c, "malloc_trim") else None
 
 
 def _map_large_blocks() -> None:

@@ -7,9 +7,7 @@ at most 15 bytes), so a user — and the test that compares a live server with
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import sys
+from engine.core.libc import libc
 
 #: ``prctl`` option that sets the calling thread's name (the main thread's is the process's).
 _PR_SET_NAME = 15
@@ -19,10 +17,6 @@ MAX_NAME_BYTES = 15
 
 def set_process_name(name: str) -> None:
     """Set this process's name (truncated to 15 bytes); nothing off Linux."""
-    if not sys.platform.startswith("linux"):
-        return
-    libc_name = ctypes.util.find_library("c")
-    if libc_name is None:
-        return
-    libc = ctypes.CDLL(libc_name, use_errno=True)
-    libc.prctl(_PR_SET_NAME, name.encode()[:MAX_NAME_BYTES], 0, 0, 0)
+    c = libc()
+    if c is not None and hasattr(c, "prctl"):
+        c.prctl(_PR_SET_NAME, name.encode()[:MAX_NAME_BYTES], 0, 0, 0)

@@ -22,9 +22,9 @@
 * ``engine/entrypoints`` (the server processes) imports ``engine.core`` and ``engine.serve``,
   never torch/triton, the worker or the simulator: the engine behind it is given as a factory.
 * ``reports`` imports only ``engine.core.events`` and ``engine.core.errors`` of ours, the file
-  helpers every writer shares (``engine.paths``, ``engine.output_dir``,
-  ``engine.process_guard``), plus pandas/numpy/matplotlib and pyarrow (pandas' Parquet
-  engine, used directly to write tables in row groups).
+  and process helpers every writer shares (``engine.paths``, ``engine.output_dir``,
+  ``engine.process_guard``, ``engine.core.libc``), plus pandas/numpy/matplotlib and pyarrow
+  (pandas' Parquet engine, used directly to write tables in row groups).
 * ``kernels`` imports nothing of ours.
 * ``bench`` (benchmarks and GPU scripts) may import any package of ours, and none imports it
   (only its tests do).
@@ -86,7 +86,7 @@ RULES: dict[str, Rule] = {
     ),
     "reports": Rule(
         ours=("reports", "engine.core.events", "engine.core.errors", "engine.paths",
-              "engine.output_dir", "engine.process_guard"),
+              "engine.output_dir", "engine.process_guard", "engine.core.libc"),
         third_party=("pandas", "numpy", "matplotlib", "pyarrow"),
     ),
     "kernels": Rule(ours=("kernels",), third_party=None),
