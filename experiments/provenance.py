@@ -16,19 +16,33 @@ from reports.meta import Provenance
 
 @cache
 def git_commit() -> str | None:
-    """The checkout's commit (with ``-dirty`` when it has uncommitted changes), if any."""
+    """The checkout's commit (with ``-dirty`` when a tracked file has uncommitted changes), if
+    any: one ``git status`` gives both (its ``# branch.oid`` header line; any other line is a
+    changed file)."""
     root = Path(__file__).resolve().parents[1]
     try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+        status = subprocess.run(
+            ["git", "status", "--porcelain=v2", "--branch", "--untracked-files=no"],
             cwd=root, capture_output=True, text=True, timeout=5,
-        ).stdout.strip()
+        )
     except (OSError, subprocess.SubprocessError):
         return None
-    return (sha + ("-dirty" if dirty else "")) or None
+    return commit_from_status(status.stdout) if status.returncode == 0 else None
+
+
+def commit_from_status(porcelain_v2: str) -> str | None:
+    """``git_commit`` read from ``git status --porcelain=v2 --branch`` output: None before the
+    first commit."""
+    sha = None
+    dirty = False
+    for line in porcelain_v2.splitlines():
+        if line.startswith("# branch.oid "):
+            sha = line.split()[2]
+        elif line and not line.startswith("#"):
+            dirty = True
+    if sha is None or sha == "(initial)":
+        return None
+    return sha + ("-dirty" if dirty else "")
 
 
 def provenance(compiled_modules: int | None = None) -> Provenance:
