@@ -9,12 +9,12 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
 import engine.core.libc as libc_module
 from engine.core.libc import libc
+from tests.serve.server import alive
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 
@@ -22,15 +22,6 @@ linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Li
 def _python(code: str) -> str:
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
                           text=True, check=True, timeout=60).stdout.strip()
-
-
-def _alive(pid: int) -> bool:
-    """Running (a killed orphan may stay a zombie until its new parent reaps it)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state not in ("Z", "X")
 
 
 @linux_only
@@ -84,8 +75,8 @@ def test_a_child_dies_with_its_parent() -> None:
         os._exit(0)
     """))
     deadline = time.monotonic() + 10.0
-    while _alive(child_pid) and time.monotonic() < deadline:
+    while alive(child_pid) and time.monotonic() < deadline:
         time.sleep(0.02)
-    if _alive(child_pid):
+    if alive(child_pid):
         os.kill(child_pid, signal.SIGKILL)
         pytest.fail("the child outlived its parent")
