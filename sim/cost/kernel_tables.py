@@ -91,7 +91,7 @@ def _read(name: str, system: str) -> tuple[list[str], list[list[str]]]:
     lines = (DATA_DIR / name).read_text(encoding="utf-8").splitlines()
     prefix = f"{system},"
     header, *rows = csv.reader([lines[0], *(line for line in lines if line.startswith(prefix))])
-    return header, [r for r in rows if r[0] == system]
+    return header, rows  # (an unquoted first field: each row's is ``system``)
 
 
 def _read_records(name: str, system: str) -> list[dict[str, str]]:
