@@ -27,6 +27,43 @@ def test_simulator_benchmark_runs_a_shortened_vidur_stream(
     assert int(fields[7]) > 200  # more steps than requests
 
 
+def test_simulator_benchmark_runs_a_peer_turn_about(capsys: pytest.CaptureFixture[str]) -> None:
+    peer = f"{sys.executable} -c 'sum(range(2_000_000))'"
+    assert simulator.main(["vidur-stream", "--num-prompts", "50", "--repeat", "2",
+                           "--peer", peer]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    names = [line.split()[0] for line in lines[1:-1]]
+    assert names == ["vidur-stream", "peer", "peer", "vidur-stream"]  # turn about
+    ours = [float(line.split()[2]) for line in lines[1:-1] if line.startswith("vidur")]
+    theirs = [float(line.split()[2]) for line in lines[1:-1] if line.startswith("peer")]
+    ratios = sorted(t / o for t, o in zip(theirs, ours, strict=True))
+    last = lines[-1]
+    assert last.startswith("CPU time, peer / vidur-stream: median ") and "2 pairs" in last
+    low, high = last.split("range ")[1].split("x,")[0].split("-")
+    assert float(low) == pytest.approx(ratios[0], abs=0.02)  # rows printed to 2 decimals
+    assert float(high) == pytest.approx(ratios[1], abs=0.02)
+
+
+def test_simulator_benchmark_refuses_bad_arguments() -> None:
+    for argv in (["vidur-stream", "fleet", "--peer", "true"], ["--peer", " "],
+                 ["--repeat", "0"], ["nosuchcase"]):
+        with pytest.raises(SystemExit) as exc:
+            simulator.main(argv)
+        assert exc.value.code == 2, argv
+    with pytest.raises(SystemExit, match=r"exit status 3"):
+        simulator.run_side_by_side("vidur-stream", "echo broken >&2; exit 3", 1, 20, 1)
+
+
+def test_each_command_is_measured_on_its_own() -> None:
+    """A command's peak RSS is its own, not the largest of every command run so far (on
+    Linux a child's peak starts at its parent's RSS at the fork: 1 GiB stands clear of it)."""
+    big = simulator.measure([sys.executable, "-c", "b = bytearray(1 << 30); b[::4096] = "
+                             "b'x' * len(b[::4096])"])
+    small = simulator.measure([sys.executable, "-c", "pass"])
+    assert big.peak_rss_mib > 1024 > small.peak_rss_mib
+    assert big.cpu_s > small.cpu_s > 0 and big.wall_s > 0
+
+
 def test_simulator_benchmark_shards_the_fleet_case(capsys: pytest.CaptureFixture[str]) -> None:
     assert simulator.main(["fleet", "--num-prompts", "400", "--shards", "2"]) == 0
     row = capsys.readouterr().out.strip().splitlines()[1].split()
