@@ -105,7 +105,12 @@ def measure(cmd: list[str] | str, cwd: Path | None = None,
         proc = subprocess.Popen(cmd, shell=isinstance(cmd, str), cwd=cwd, env=env,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=err)
-        _, status, usage = os.wait4(proc.pid, 0)
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        except BaseException:  # interrupted: do not leave the command running
+            proc.kill()
+            proc.wait()
+            raise
         wall = time.perf_counter() - t0
         proc.returncode = os.waitstatus_to_exitcode(status)
         if proc.returncode != 0:
