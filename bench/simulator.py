@@ -98,7 +98,7 @@ def measure(cmd: list[str] | str, cwd: Path | None = None,
             env: dict[str, str] | None = None) -> Measured:
     """Run ``cmd`` (an argument list, or a shell command line given as a string) and measure
     it with the process's own rusage (``wait4``), so that each command's peak is its own (on
-    Linux it starts at this process's RSS at the fork: keep the benchmark's process small).
+    Linux it starts at this process's own peak: keep the benchmark's process small).
     A failing command raises ``SystemExit`` with the end of its standard error."""
     with tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
