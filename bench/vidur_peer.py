@@ -39,8 +39,17 @@ from pathlib import Path
 from bench.simulator import CASES, VIDUR_STREAM
 from engine.core.outputs import BatchShape
 
-MODEL = "meta-llama/Llama-2-70b-hf"
-TENSOR_PARALLEL = 2
+CASE = CASES["vidur-stream"]
+
+
+def _flag(name: str) -> str:
+    """The value the case gives flag ``name``."""
+    return CASE[CASE.index(name) + 1]
+
+
+MODEL = _flag("--model")
+GPU = _flag("--gpu")
+TENSOR_PARALLEL = int(_flag("--tensor-parallel-size"))
 BLOCK_SIZE = 16  # Vidur's default, part of the profile's key
 MAX_MODEL_LEN = 4096  # Llama-2's, and Vidur's longest profiled context
 DECODE_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128)
@@ -68,13 +77,14 @@ class AttentionRow:
     kv_cache_save_ms: float
 
 
-def _shape(prefill: tuple[int, int] | None, decodes: int, context: int) -> BatchShape:
-    """A batch of ``decodes`` decodes at ``context`` tokens, or of one prefill chunk
-    ``(chunk, cached tokens)``."""
-    if prefill is not None:
-        chunk, cached = prefill
-        return BatchShape(1, chunk, (chunk,), (cached,), 0, 0, 0, 1)
-    return BatchShape(decodes, decodes, (), (), decodes, decodes * context, context, decodes)
+def _decode_shape(batch: int, context: int) -> BatchShape:
+    """``batch`` decodes, each after ``context`` cached tokens."""
+    return BatchShape(batch, batch, (), (), batch, batch * context, context, batch)
+
+
+def _chunk_shape(chunk: int, cached: int) -> BatchShape:
+    """One prefill chunk of ``chunk`` tokens after ``cached`` ones."""
+    return BatchShape(1, chunk, (chunk,), (cached,), 0, 0, 0, 1)
 
 
 def attention_rows() -> list[AttentionRow]:
@@ -84,7 +94,7 @@ def attention_rows() -> list[AttentionRow]:
     from sim.cost.vllm_step import VllmStepCostModel
     from sim.runtime import make_cost_model
 
-    cfg = SimConfig(model=MODEL, gpu="a100-80gb", tensor_parallel_size=TENSOR_PARALLEL)
+    cfg = SimConfig(model=MODEL, gpu=GPU, tensor_parallel_size=TENSOR_PARALLEL)
     model = make_cost_model(cfg, resolve_engine_config(cfg))
     if not isinstance(model, VllmStepCostModel):
         raise SystemExit(f"the stand-in needs the vLLM step model, not {type(model).__name__}")
@@ -100,12 +110,12 @@ def attention_rows() -> list[AttentionRow]:
     rows: list[AttentionRow] = []
     for batch in DECODE_BATCHES:
         for context in CONTEXTS[1:]:
-            attention, save = per_layer_ms(_shape(None, batch, context))
+            attention, save = per_layer_ms(_decode_shape(batch, context))
             rows.append(AttentionRow(batch, 0, context, None, attention, save))
     for chunk in CHUNKS:
         for context in CONTEXTS:
             if chunk + context <= MAX_MODEL_LEN:
-                attention, save = per_layer_ms(_shape((chunk, context), 0, 0))
+                attention, save = per_layer_ms(_chunk_shape(chunk, context))
                 rows.append(AttentionRow(1, chunk, context, attention, None, save))
     return rows
 
@@ -130,24 +140,19 @@ def write_attention(path: Path) -> int:
     return len(rows)
 
 
-def _flag(case: list[str], name: str) -> str:
-    return case[case.index(name) + 1]
-
-
 def vidur_command(vidur_dir: Path, attention: Path, python: str, cache_dir: str,
                   out_dir: str) -> str:
     """The shell command running Vidur on the vidur-stream case (see the module)."""
-    case = CASES["vidur-stream"]
     args = [
         python, "-m", "vidur.main",
-        "--replica_config_model_name", _flag(case, "--model"),
+        "--replica_config_model_name", MODEL,
         "--replica_config_device", "a100",
-        "--replica_config_tensor_parallel_size", _flag(case, "--tensor-parallel-size"),
+        "--replica_config_tensor_parallel_size", str(TENSOR_PARALLEL),
         "--replica_config_num_pipeline_stages", "1",
         "--cluster_config_num_replicas", "1",
         "--replica_scheduler_config_type", "sarathi",
-        "--sarathi_scheduler_config_chunk_size", _flag(case, "--max-num-batched-tokens"),
-        "--sarathi_scheduler_config_batch_size_cap", _flag(case, "--max-num-seqs"),
+        "--sarathi_scheduler_config_chunk_size", _flag("--max-num-batched-tokens"),
+        "--sarathi_scheduler_config_batch_size_cap", _flag("--max-num-seqs"),
         "--request_generator_config_type", "trace_replay",
         "--trace_request_generator_config_trace_file", str(VIDUR_STREAM),
         "--random_forrest_execution_time_predictor_config_attention_input_file",
