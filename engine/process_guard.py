@@ -23,12 +23,9 @@ def die_with_parent(sig: int = signal.SIGKILL, parent_pid: int | None = None) ->
     by the parent before the fork, catches a parent that died before this call: then this
     process exits at once). Whether the platform supports it."""
     c = libc()
-    if c is None:
+    if c is None or not hasattr(c, "prctl"):
         return False
-    try:
-        if c.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
-            return False
-    except AttributeError:  # a C library without prctl
+    if c.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
         return False
     if parent_pid is not None and os.getppid() != parent_pid:
         os._exit(1)
