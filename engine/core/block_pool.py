@@ -206,12 +206,12 @@ class BlockPool:
         for b in blocks:
             if in_map[b]:
                 h = block_hash[b]
-                entry = table.get(h)
+                entry = table.pop(h)  # (in the map: ``in_map``) one lookup, not two
                 if isinstance(entry, int) and entry == b:  # usual: the only block under its hash
-                    del table[h]
                     block_hash[b] = None
                     in_map[b] = False
                 else:
+                    table[h] = entry  # several blocks share the hash: put it back, evict one
                     self._evict(b)
             else:
                 block_hash[b] = None  # unhashed, or a private hash never published
@@ -316,18 +316,13 @@ class BlockPool:
     def _map(self, b: int, h: BlockHash) -> None:
         """Add (h, b) to the hash map, after the blocks already there under ``h``."""
         table = self.hash_to_block
-        entry = table.get(h)
-        if entry is None:
-            table[h] = b
-        elif isinstance(entry, int):
-            if entry == b:
-                return
-            table[h] = [entry, b]
-        else:
-            if b in entry:
-                return
+        entry = table.setdefault(h, b)  # one lookup when the hash is new, the usual case
+        if isinstance(entry, int):
+            if entry != b:
+                table[h] = [entry, b]
+        elif b not in entry:
             entry.append(b)
-        self.in_map[b] = True
+        self.in_map[b] = True  # (already True where (h, b) was in the map)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix; refused (False) while any block is referenced."""
