@@ -132,6 +132,13 @@ class PrecomputedBlockHasher:
     def hash_new_blocks(self, request: TokenSource) -> list[BlockHash]:
         return self.keys(len(request.block_hashes), request.num_tokens, request.num_prompt_tokens)
 
+    def private_from(self, block_index: int, num_prompt_tokens: int) -> bool:
+        """Are the keys of blocks ``block_index`` and after all private (negative ints: past
+        the given prompt keys, with an int ``unique_id``)? Another request can never hit
+        such a block, nor can the hash map hold it before its request is preempted."""
+        num_given = min(len(self.prompt_block_hashes), num_prompt_tokens // self.block_size)
+        return self._int_keys and block_index >= num_given
+
     def keys(self, num_hashed: int, num_tokens: int, num_prompt_tokens: int) -> list[BlockHash]:
         """The keys of full blocks ``num_hashed`` .. ``num_tokens // block_size − 1`` (the
         request's own call: native when compiled, no protocol in between)."""

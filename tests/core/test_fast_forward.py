@@ -23,7 +23,7 @@ from engine.core.bulk.records import RunTiming
 from engine.core.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.core.engine_core import EngineCore
 from engine.core.hashing import PrecomputedBlockHasher, TokenBlockHasher
-from engine.core.outputs import ModelRunnerOutput, SchedulerOutput
+from engine.core.outputs import AdmissionBlocker, ModelRunnerOutput, SchedulerOutput
 from engine.core.request import Request, SamplingParams
 from engine.core.scheduler import Scheduler
 
@@ -179,6 +179,7 @@ def _drive(seed: int, k_frac: float) -> Counter[str]:
                 seen["prefill"] += 1
                 seen["prefill completed"] += run.prefill_done_iteration < k
             seen["admission"] += run.admitted
+            seen["head blocked"] += run.head_blocked_while >= 0
             seen["async"] += run.is_async
             continue
         _iterate(core, float(step))
@@ -200,22 +201,25 @@ def test_bulk_run_equals_step_by_step(seed: int, k_frac: float) -> None:
 def test_every_kind_of_run_is_compared() -> None:
     """The random states do reach each kind of run (a guard against a fast path that silently
     stopped applying): plain decodes, a prefilling last request (finishing its prefill inside
-    the run or not), an absorbed admission, under both schedulings."""
+    the run or not), an absorbed admission, a head of the queue refused for KV blocks, under
+    both schedulings."""
     seen: Counter[str] = Counter()
     for seed in range(40):
         seen += _drive(seed, (seed % 7) / 6)
     assert seen["runs"] >= 300
     assert seen["prefill"] >= 60 and seen["prefill completed"] >= 30
     assert seen["admission"] >= 30
+    assert seen["head blocked"] >= 10
     assert 0.2 * seen["runs"] <= seen["async"] <= 0.8 * seen["runs"]
 
 
 def test_admission_precheck_refuses_only_what_the_plan_refuses(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """find_bulk_run skips setting a run up when ``_admission_hits`` says the head of the
-    waiting queue cannot fit; that must be a necessary condition of the plan: with the
-    precheck's verdict ignored, the full path (set-up, then the plan) finds no run either."""
+    """find_bulk_run plans no admission when ``_admission_hits`` says the head of the waiting
+    queue cannot fit; that must be a necessary condition of the plan: with the precheck's
+    verdict ignored, the full path (set-up, then the plan) plans no admission either (a run
+    may still keep the head waiting: ``_head_stays_blocked``)."""
     verdicts: list[bool] = []
     precheck = find._admission_hits
 
@@ -239,7 +243,7 @@ def test_admission_precheck_refuses_only_what_the_plan_refuses(
             if verdicts:
                 seen["cannot fit" if verdicts[0] else "may fit"] += 1
                 if verdicts[0]:
-                    assert run is None, seed
+                    assert run is None or not run.admitted, seed
                 elif run is not None:
                     seen["admitted"] += run.admitted
             _iterate(core, float(step))
@@ -422,3 +426,57 @@ def test_a_prompt_of_max_model_len_stops_at_its_first_token(async_scheduling: bo
     assert run is not None and run.admitted
     assert run.finish_iteration[run.prefill_index] == (1 if async_scheduling else 0)
     _every_length_equals_step_by_step(build)
+
+
+def _simulated_request(i: int, prompt_len: int, max_tokens: int) -> Request:
+    """A request as the simulator makes it: prompt keys given, generated blocks private."""
+    keys = [("p", i, j) for j in range(prompt_len // 4)]
+    return Request(str(i), sampling_params=SamplingParams(max_tokens=max_tokens),
+                   num_prompt_tokens=prompt_len,
+                   block_hasher=PrecomputedBlockHasher(4, keys, unique_id=i))
+
+
+def _blocked_head(async_scheduling: bool, token_hashed: bool = False) -> EngineCore:
+    """Two decodes hold 8 of 19 usable blocks; a 52-token prompt (13 blocks: all of its
+    sequence must fit) waits until the longer prompt's decode finishes and frees its 8."""
+    core = EngineCore(EngineConfig(
+        scheduler=SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=8, max_model_len=512,
+                                  async_scheduling=async_scheduling),
+        cache=CacheConfig(num_gpu_blocks=20, block_size=4),
+    ))
+    for i, prompt_len, max_tokens in ((0, 20, 10), (1, 5, 30)):
+        core.add_request(_request(f"d{i}", prompt_len, max_tokens) if token_hashed
+                         else _simulated_request(i, prompt_len, max_tokens), 0.0)
+    for step in range(3):
+        _iterate(core, float(step))
+    core.add_request(_simulated_request(9, 52, 4), 3.0)
+    return core
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_head_refused_for_kv_blocks_waits_inside_a_run(async_scheduling: bool) -> None:
+    """The head of the queue cannot get its blocks while both decodes run: the run holds its
+    refusals (recorded as the scheduler records them) and ends at the first schedule() after
+    the shorter decode finishes, the one that admits it."""
+    run = _blocked_head(async_scheduling).find_bulk_run(TOKEN)
+    assert run is not None and not run.admitted and run.head_blocked_while == 2
+    first_finish = run.finish_iters[0]
+    assert run.max_iterations == first_finish + 1
+    assert run.ensure_shapes(run.max_iterations) == run.max_iterations
+    assert set(run.blockers) == {AdmissionBlocker.KV_CACHE}
+    _every_length_equals_step_by_step(lambda: _blocked_head(async_scheduling))
+    # after the run, the step-by-step path admits it
+    core = _blocked_head(async_scheduling)
+    bulk_run = core.find_bulk_run(TOKEN)
+    assert bulk_run is not None
+    core.apply_bulk_run(bulk_run, bulk_run.max_iterations, TOKEN,
+                        _timing(bulk_run.max_iterations, 10.0))
+    _iterate(core, 20.0)
+    assert "9" in [r.req_id for r in core.scheduler.running]
+
+
+def test_a_head_that_decodes_could_hit_is_left_to_the_scheduler() -> None:
+    """Decodes hashed by their tokens register blocks another request could hit: the head's
+    refusal might not last, so no run holds it."""
+    core = _blocked_head(False, token_hashed=True)
+    assert core.find_bulk_run(TOKEN) is None

@@ -35,10 +35,14 @@ prefill threshold as the scheduler caps it) until a chunk completes its prompt, 
 ``j``; from ``a = j + 1`` it is a decoder as above (synchronous: its first token came at the
 update of ``j``; async: it arrives at the update of ``j + 1``).
 
-**Limits.** A run never reaches an iteration whose ``schedule()`` would try to admit a waiting
-request (budget left and a free seat), one that would schedule nothing, nor one whose KV blocks
-might not fit (allocations are bounded by the free blocks at the start: frees during the run
-are not counted, so no preemption can occur).
+**Limits.** A run never reaches an iteration whose ``schedule()`` might admit a waiting
+request, one that would schedule nothing, nor one whose KV blocks might not fit (allocations
+are bounded by the free blocks at the start: frees during the run are not counted, so no
+preemption can occur). A schedule() with budget left and a free seat tries the head of the
+queue; a run holds such iterations only where the head surely stays refused for its KV blocks
+— it does not fit with the most room the run could leave it, and until a request finishes no
+block is freed and, the running requests registering only private blocks, no prefix hit is
+added (``find._head_stays_blocked``) — and ends at the first schedule() after a finish.
 
 **Scheduling policies.** All of this is vLLM's policy (``engine/core/policy.py``): running
 requests get budget in admission order, the head of the waiting queue is admitted whenever it

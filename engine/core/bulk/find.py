@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from engine.core.bulk.run import MAX_NUM_SEQS, NONE, SHAPE_CHUNK, TOKEN_BUDGET, BulkRun, tokens_left
 from engine.core.bulk.shapes import NO_ITERATION
 from engine.core.chunking import admission_chunk, effective_long_prefill_threshold, running_chunk
+from engine.core.hashing import PrecomputedBlockHasher
 from engine.core.outputs import SchedulerOutput
 from engine.core.request import Request, RequestStatus
 from engine.core.scheduler import Scheduler
@@ -64,6 +65,7 @@ def find_bulk_run(
         return None  # the policy chunks prefills its own way
     num_waiting = len(sched.waiting)
     admits = False  # the run's first schedule() admits the head of the waiting queue
+    head_blocked = False  # ... or tries it and refuses it for KV blocks until a finish
     head_hits: tuple[Sequence[int], int] = ((), 0)  # its prefix hits (blocks, tokens)
     if num_waiting and num_reqs < sched.max_num_seqs:
         # does the next schedule() leave budget to try an admission?
@@ -72,10 +74,13 @@ def find_bulk_run(
                 if not (sched.bulk_admission and sched.bulk_chunking):
                     return None  # the policy decides admissions (or first chunks) its own way
                 hits = _admission_hits(sched, num_reqs)
-                if hits is None:
-                    return None  # the plan would refuse it: no need to set the run up
-                head_hits = hits
-                admits = True  # planned (or refused) once the decodes are known
+                if hits is None:  # it cannot fit: no admission to plan
+                    if not _head_stays_blocked(sched):
+                        return None
+                    head_blocked = True
+                else:
+                    head_hits = hits
+                    admits = True  # planned (or refused) once the decodes are known
         else:
             # the least the prefiller's chunk leaves to an admission: every decoder decodes
             left = budget - (num_reqs - 1)
@@ -97,6 +102,8 @@ def find_bulk_run(
         return None
     if admits and not _plan_admission(run, sched, token_id, head_hits):
         return None
+    if head_blocked:
+        run.block_head()
     if run.num_waiting:
         # Admissions must stay blocked throughout: shapes are computed up to the first
         # iteration that might admit (the limit).
@@ -276,6 +283,34 @@ def _admission_hits(sched: Scheduler, num_reqs: int) -> tuple[Sequence[int], int
     ):
         return None
     return hit_blocks, num_hits  # (no new tokens: the plan refuses it itself)
+
+
+def _head_stays_blocked(sched: Scheduler) -> bool:
+    """The head of the waiting queue cannot fit now (``_admission_hits``): does it stay so,
+    refused for its KV blocks by every schedule() before a request finishes?
+
+    Until a finish nothing frees a block, and the decodes only take free blocks, which can
+    only evict the head's prefix hits: the blocks it needs never fall below what was refused,
+    the free ones never rise above. Its verdict stays ``KV_CACHE`` unless a hit is added —
+    a block registered under a hash of its chain: so every block the running requests
+    register from now on must be private (caching on). With chunked prefill off the verdict
+    could turn to ``TOKEN_BUDGET`` as hits are lost, and a head with outputs still in flight
+    is skipped, not tried: both are left to the step-by-step path."""
+    if not sched.enable_chunked_prefill:
+        return False
+    head = sched.waiting.peek_request()
+    if head.num_stale_output_tokens and not head.drop_stale_output:
+        return False
+    if not sched.kv_cache_manager.enable_caching:
+        return True
+    for req in sched.running:
+        hasher = req.block_hasher
+        if not (
+            isinstance(hasher, PrecomputedBlockHasher)
+            and hasher.private_from(req.num_cached_blocks, req.num_prompt_tokens)
+        ):
+            return False
+    return True
 
 
 def _hits_survive_first_decodes(

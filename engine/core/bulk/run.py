@@ -19,6 +19,7 @@ from engine.core.request import Request
 NONE: Final = AdmissionBlocker.NONE
 TOKEN_BUDGET: Final = AdmissionBlocker.TOKEN_BUDGET
 MAX_NUM_SEQS: Final = AdmissionBlocker.MAX_NUM_SEQS
+KV_CACHE: Final = AdmissionBlocker.KV_CACHE
 
 #: Iterations of shapes computed at a time beyond what the driver asked for (shapes past its
 #: horizon would be wasted work; the driver asks for its estimate first).
@@ -92,6 +93,9 @@ class BulkRun:
         self.context_sum: list[int] = []  # Σ of their contexts
         self.context_max: list[int] = []  # max of those (0 if none)
         self.blockers: list[AdmissionBlocker] = []  # only when requests wait (else NONE)
+        # the head of the waiting queue does not fit while this many requests run (−1: no
+        # such head): its KV blocks stay refused until a finish frees some (``block_head``)
+        self.head_blocked_while = -1
         self.limit = NO_ITERATION  # first iteration that may not be bulk-applied
         self.max_kv_iterations = NO_ITERATION  # most iterations whose blocks surely fit
         # the shape computation's cursors
@@ -145,6 +149,12 @@ class BulkRun:
         self._running = i + 1
         self._x_context = num_hits
         self._x_num_tokens = request.num_tokens
+
+    def block_head(self) -> None:
+        """The head of the waiting queue cannot get its KV blocks now, and cannot before a
+        request finishes (``find.py`` checked why): schedules that try it record
+        ``KV_CACHE`` until then, and the first after a finish ends the run."""
+        self.head_blocked_while = self._running
 
     def limit_kv_iterations(self, num_iterations: int) -> None:
         """At most ``num_iterations`` iterations: more might not find their KV blocks."""
@@ -309,7 +319,7 @@ class BulkRun:
 
     def blocker_of(self, num_scheduled_tokens: int, num_running: int) -> AdmissionBlocker:
         """``_schedule_waiting``'s verdict for a schedule of ``num_scheduled_tokens`` with
-        ``num_running`` running requests, or NONE when an admission would be tried (or nobody
+        ``num_running`` running requests, or NONE when an admission might succeed (or nobody
         waits; the caller tells them apart)."""
         if not self.num_waiting:
             return NONE
@@ -317,6 +327,8 @@ class BulkRun:
             return TOKEN_BUDGET
         if num_running >= self.max_num_seqs:
             return MAX_NUM_SEQS
+        if num_running == self.head_blocked_while:  # no finish yet: the head still does not fit
+            return KV_CACHE
         return NONE
 
     def _prefill_chunk(self, num_decodes: int) -> int:
