@@ -5,6 +5,10 @@
   token budget 512, max_num_seqs 128 (Vidur's reference stream; ``--peer`` runs Vidur beside it).
 * ``million`` — 1,000,000 requests with Azure-conversation lengths at 20 req/s on Llama-3.1-8B,
   one H100 (vLLM's online defaults), to check that memory stays bounded.
+* ``mooncake`` — the whole Mooncake conversation trace (12,031 requests, prompts of 12k tokens
+  on average sharing prefixes, at the trace's own times) on Llama-3.1-8B, one H100, prefix
+  caching on: a queue held back by KV memory, and the KV cache's per-block work (allocation,
+  prefix hashes, frees), where the million-request case is mostly per-request work.
 * ``fleet`` — a small fleet: 4 such replicas (``-dp 4``, round robin) at 20 req/s each, 80,000
   requests; with ``--shards N`` the command splits it over N worker processes (the records are
   the same), which measures how a fleet-day scales with workers.
@@ -22,9 +26,9 @@ stream, say: docs/simulator.md gives one) runs before or after each repeat of th
 about, and the benchmark prints its row and, at the end, the median and range of the paired
 ratio of CPU times, peer over ours — the figure that survives the machine's drift.
 
-Usage: python -m bench.simulator [vidur-stream] [million] [fleet] [--repeat N] [--num-prompts N]
-[--shards N] [--peer CMD]  (``--num-prompts`` shortens a case, for a quick check; the figures
-quoted are of full cases.)
+Usage: python -m bench.simulator [vidur-stream] [million] [mooncake] [fleet] [--repeat N]
+[--num-prompts N] [--shards N] [--peer CMD]  (``--num-prompts`` shortens a case, for a quick
+check; the figures quoted are of full cases.)
 """
 
 from __future__ import annotations
@@ -56,6 +60,11 @@ CASES: dict[str, list[str]] = {
         "--model", "meta-llama/Llama-3.1-8B", "--gpu", "h100-sxm",
         "--dataset-name", "trace", "--dataset-path", "azure-conv",
         "--request-rate", "20", "--num-prompts", "1000000",
+    ],
+    "mooncake": [
+        "--model", "meta-llama/Llama-3.1-8B", "--gpu", "h100-sxm",
+        "--dataset-name", "trace", "--dataset-path", "mooncake-conversation",
+        "--num-prompts", "12031",
     ],
     "fleet": [
         "--model", "meta-llama/Llama-3.1-8B", "--gpu", "h100-sxm",
