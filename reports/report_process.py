@@ -157,6 +157,7 @@ def _serve(conn: Connection, parent_end: Connection | None = None,
         parent_end.close()
     if parent_pid is not None:  # a forked process (tests run this function in a thread)
         _follow_parent(parent_pid)
+        _use_system_allocator_for_arrow()
     try:
         # pyarrow.parquet and reports.render, which the writers import lazily, are imported
         # now too, while the run goes on
@@ -191,6 +192,15 @@ def _serve(conn: Connection, parent_end: Connection | None = None,
         _reply(conn, "report-error", str(exc))
     except BaseException:
         _reply(conn, "crash", traceback.format_exc())
+
+
+def _use_system_allocator_for_arrow() -> None:
+    """pyarrow's default memory pool (mimalloc) takes fresh memory in 2 MiB huge pages that
+    the kernel clears whole; a run directory's tables are converted and written once, and
+    glibc's malloc serves them with fewer pages to clear (on Vidur's stream ≈ 0.05 s less
+    system CPU, 5 alternated pairs; the files are the same). Set before pyarrow is imported
+    (it reads the variable once); a value the user exported is kept."""
+    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
 
 
 #: glibc's ``mallopt`` parameter: blocks of at least this many bytes get their own mapping.

@@ -245,3 +245,23 @@ def test_write_run_turns_a_report_error_into_a_user_error(small_run: Any,
         with pytest.raises(UserError, match="nonsense"), open_out_dir(tmp_path / "o") as out:
             write_run(run, out, args, bad, reporter)
         assert list(tmp_path.iterdir()) == []  # nothing half-written is left
+
+
+def test_the_forked_process_writes_with_the_system_allocator() -> None:
+    """pyarrow reads ``ARROW_DEFAULT_MEMORY_POOL`` once, when it first allocates: the forked
+    process sets it before it imports pyarrow, which the run that forks it has not imported
+    (its imports up to the fork are those below); a value the user exported is kept."""
+    code = (
+        "import sys, experiments.cli.cmd_sim, experiments.cli.reporting, sim.runtime\n"
+        "assert 'pyarrow' not in sys.modules\n"
+        "from reports.report_process import _use_system_allocator_for_arrow\n"
+        "_use_system_allocator_for_arrow()\n"
+        "import pyarrow\n"
+        "print(pyarrow.default_memory_pool().backend_name)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    for exported, backend in ((None, "system"), ("mimalloc", "mimalloc")):
+        run_env = env if exported is None else {**env, "ARROW_DEFAULT_MEMORY_POOL": exported}
+        out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                             text=True, env=run_env, check=True).stdout
+        assert out.strip() == backend
