@@ -132,12 +132,16 @@ class PrecomputedBlockHasher:
     def hash_new_blocks(self, request: TokenSource) -> list[BlockHash]:
         return self.keys(len(request.block_hashes), request.num_tokens, request.num_prompt_tokens)
 
+    def num_given_keys(self, num_prompt_tokens: int) -> int:
+        """How many of the request's first blocks take the workload's keys: its prompt's full
+        blocks that have one; every block after them is keyed as generated."""
+        return min(len(self.prompt_block_hashes), num_prompt_tokens // self.block_size)
+
     def private_from(self, block_index: int, num_prompt_tokens: int) -> bool:
         """Are the keys of blocks ``block_index`` and after all private (negative ints: past
         the given prompt keys, with an int ``unique_id``)? Another request can never hit
         such a block, nor can the hash map hold it before its request is preempted."""
-        num_given = min(len(self.prompt_block_hashes), num_prompt_tokens // self.block_size)
-        return self._int_keys and block_index >= num_given
+        return self._int_keys and block_index >= self.num_given_keys(num_prompt_tokens)
 
     def keys(self, num_hashed: int, num_tokens: int, num_prompt_tokens: int) -> list[BlockHash]:
         """The keys of full blocks ``num_hashed`` .. ``num_tokens // block_size − 1`` (the
@@ -148,7 +152,7 @@ class PrecomputedBlockHasher:
             return []
         new: list[BlockHash] = []
         given = self.prompt_block_hashes
-        num_given = min(len(given), num_prompt_tokens // self.block_size)
+        num_given = self.num_given_keys(num_prompt_tokens)
         if i < num_given:
             new.extend(given[i : min(num_full, num_given)])
             i += len(new)
