@@ -284,19 +284,43 @@ def recv_export(conn: Connection) -> dict[str, Any]:
 
 def _send_column(conn: Connection, column: object) -> None:
     if isinstance(column, array):
-        conn.send(("array", column.typecode))
-        conn.send_bytes(memoryview(column).cast("B"))  # as bytes: send_bytes would copy it
+        data = memoryview(column).cast("B")
+        conn.send(("array", column.typecode, data.nbytes))
+        _write_all(conn.fileno(), data)
     else:
         conn.send(("value", column))
 
 
 def _recv_column(conn: Connection) -> object:
-    kind, value = conn.recv()
-    if kind == "value":
-        return value
-    column = array(value)
-    column.frombytes(conn.recv_bytes())
+    message = conn.recv()
+    if message[0] == "value":
+        return message[1]
+    _, typecode, nbytes = message
+    column = array(typecode)
+    if nbytes:
+        column = array(typecode, [0]) * (nbytes // column.itemsize)
+        _read_into(conn.fileno(), memoryview(column).cast("B"))
     return column
+
+
+def _write_all(fd: int, data: memoryview) -> None:
+    """Write ``data`` whole to ``fd``, the connection's own descriptor, after the header that
+    announced its size: raw, beside the connection's framed messages (which read exactly
+    what each frame holds, so nothing is read ahead). The kernel copies it straight from
+    the column; no bytes object is made."""
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def _read_into(fd: int, buffer: memoryview) -> None:
+    """Fill ``buffer`` from ``fd`` (``_write_all``'s other end): the kernel copies the bytes
+    straight into the column, where ``Connection.recv_bytes`` would gather them in a growing
+    buffer, copy that into a bytes object and then into the column."""
+    while buffer:
+        n = os.readv(fd, [buffer])
+        if n == 0:
+            raise EOFError("the connection closed in the middle of a column")
+        buffer = buffer[n:]
 
 
 def _reply(conn: Connection, status: str, value: object) -> None:
