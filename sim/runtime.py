@@ -663,10 +663,17 @@ def run_simulation(
     log, and a caller that lets go of it frees the log at once (a million-request log is
     ≈ 0.7 GB)."""
     reporter = _ProgressLine() if progress else None
-    runtime = SimRuntime(cfg, cost_model=cost_model, progress=reporter)
-    result = runtime.run()
-    del runtime
-    gc.collect()
+    # Frozen from before the runtime is built (``_loop_gc_enter``; its own run() nests), so
+    # the collection walks only what the run made, not every object of the process (17–25
+    # ms of CPU after a 10,000-request run, more in a process that has the report stack).
+    _loop_gc_enter()
+    try:
+        runtime = SimRuntime(cfg, cost_model=cost_model, progress=reporter)
+        result = runtime.run()
+        del runtime
+        gc.collect()
+    finally:
+        _loop_gc_exit()
     if reporter is not None:
         reporter.finish(result.stats.num_requests)
     return result

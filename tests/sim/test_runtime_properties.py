@@ -242,6 +242,29 @@ def test_the_result_is_all_that_holds_the_event_log() -> None:
     assert holders == ["SimResult"]
 
 
+def test_the_collection_after_a_run_walks_only_what_the_run_made() -> None:
+    """The objects that existed before ``run_simulation`` (modules, a caller's report stack)
+    stay frozen through the collection of the finished runtime: it walks the run's own
+    objects, not the whole process (17–25 ms of CPU after a 10,000-request run, 40 ms and
+    more in a process holding pandas)."""
+    full: list[int] = []
+
+    def probe(phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and info["generation"] == 2:
+            full.append(gc.get_freeze_count())
+
+    before = gc.get_freeze_count()
+    gc.callbacks.append(probe)
+    try:
+        run_simulation(SimConfig.from_dict({"workload": {
+            "dataset_name": "random", "num_prompts": 20, "request_rate": 50.0,
+            "random_input_len": 64, "random_output_len": 8}}))
+    finally:
+        gc.callbacks.remove(probe)
+    assert full and all(n > 0 for n in full)
+    assert gc.get_freeze_count() == before
+
+
 @pytest.mark.parametrize("gpu,tp", [("h100-sxm", 1), ("h200-sxm", 4)])
 @pytest.mark.parametrize("is_async", [True, False])
 def test_fast_path_is_exact_under_the_default_vllm_step_cost_model(
