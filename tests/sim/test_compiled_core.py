@@ -38,6 +38,7 @@ PATCHING_TESTS = (
     "test_every_kind_of_run_is_compared",
     "test_admission_precheck_refuses_only_what_the_plan_refuses",
     "test_simulator_drives_the_core_scheduler_step_for_step",
+    "test_no_run_is_searched_for_when_the_next_arrival_is_within_a_step",
 )
 
 #: A small run that exercises chunked prefill, async scheduling, prefix hits and preemption.

@@ -283,3 +283,37 @@ def test_fast_path_is_exact_under_the_default_vllm_step_cost_model(
     slow = run_simulation(dataclasses.replace(base, fast_path=False))
     assert fast.stats.num_bulk_steps > 0
     assert _log_columns(fast) == _log_columns(slow)
+
+
+def test_no_run_is_searched_for_when_the_next_arrival_is_within_a_step(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Arrivals closer together than a decode step: a run found then would end before its
+    second iteration, so no search starts (speed only — the records equal the step-by-step
+    run's)."""
+    from sim.replica import EngineReplica
+
+    passes: list[tuple[float, float, float]] = []  # every loop pass: now, horizon, last cost
+    searches: list[tuple[float, float, float]] = []  # those that searched for a run
+    iterate, bulk_iterations = EngineReplica.iterate, EngineReplica._bulk_iterations
+
+    def passed(self: EngineReplica, now: float, horizon: float) -> float:
+        passes.append((now, horizon, self._last_cost_s))
+        return iterate(self, now, horizon)
+
+    def searched(self: EngineReplica, now: float, horizon: float) -> float | None:
+        searches.append((now, horizon, self._last_cost_s))
+        return bulk_iterations(self, now, horizon)
+
+    monkeypatch.setattr(EngineReplica, "iterate", passed)
+    monkeypatch.setattr(EngineReplica, "_bulk_iterations", searched)
+    base = SimConfig(
+        model="llama-3.1-8b", gpu="h100-sxm",
+        workload=WorkloadConfig(dataset_name="random", num_prompts=300, request_rate=40.0,
+                                random_input_len=200, random_output_len=150, seed=3),
+    )
+    fast = run_simulation(base)
+    assert fast.stats.num_bulk_steps > 0 and searches
+    assert all(horizon - now >= cost for now, horizon, cost in searches)
+    assert any(horizon - now < cost for now, horizon, cost in passes)  # the rule fired
+    slow = run_simulation(dataclasses.replace(base, fast_path=False))
+    assert _log_columns(fast) == _log_columns(slow)
