@@ -297,11 +297,11 @@ def test_no_run_is_searched_for_when_the_next_arrival_is_within_a_step(
     iterate, bulk_iterations = EngineReplica.iterate, EngineReplica._bulk_iterations
 
     def passed(self: EngineReplica, now: float, horizon: float) -> float:
-        passes.append((now, horizon, self._last_cost_s))
+        passes.append((now, horizon, self._last_step_cost_s))
         return iterate(self, now, horizon)
 
     def searched(self: EngineReplica, now: float, horizon: float) -> float | None:
-        searches.append((now, horizon, self._last_cost_s))
+        searches.append((now, horizon, self._last_step_cost_s))
         return bulk_iterations(self, now, horizon)
 
     monkeypatch.setattr(EngineReplica, "iterate", passed)
