@@ -76,10 +76,14 @@ GC_GEN0_THRESHOLD = 20_000
 
 # The loop makes millions of short-lived objects. With CPython's default thresholds the cyclic
 # GC would run often and, in its full passes, walk every long-lived object made before the loop
-# (workload, configs, imported modules): runs freeze those and let the youngest generation grow
-# larger, then restore both. A caller's own GC settings win: nothing is frozen (or unfrozen) if
-# the caller already froze objects, and thresholds stay as they are if automatic collection is
-# off (threshold 0). Counted, so runs in concurrent threads restore only when the last one ends.
+# (configs, imported modules, a caller's own data): runs freeze those and let the youngest
+# generation grow larger, then restore both. ``run_simulation`` enters before it builds the
+# runtime, so the runtime's own objects (≈ 10,000 tracked ones whatever the run's length: the
+# workload is columns) stay young, and the collection of the finished runtime walks them only.
+# A caller's own GC settings win: nothing is frozen (or unfrozen) if the caller already froze
+# objects, and thresholds stay as they are if automatic collection is off (threshold 0).
+# Counted, so runs in concurrent threads (and ``run()`` inside ``run_simulation``) restore only
+# when the last one ends.
 _gc_lock = threading.Lock()
 _gc_runs = 0
 _gc_saved_thresholds: tuple[int, int, int] = (700, 10, 10)
@@ -661,7 +665,9 @@ def run_simulation(
     refer to each other (and to the event log), so without a collection they, and the log,
     would outlive the result until the next full one; the result is then all that holds the
     log, and a caller that lets go of it frees the log at once (a million-request log is
-    ≈ 0.7 GB)."""
+    ≈ 0.7 GB). That collection walks only what the run made (the process's older objects are
+    frozen meanwhile): garbage the caller left before the call waits for the next automatic
+    collection."""
     reporter = _ProgressLine() if progress else None
     # Frozen from before the runtime is built (``_loop_gc_enter``; its own run() nests), so
     # the collection walks only what the run made, not every object of the process (17–25
