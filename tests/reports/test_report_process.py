@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import threading
+from array import array
 from multiprocessing import Pipe
 from pathlib import Path
 from typing import Any
@@ -132,6 +133,36 @@ def test_the_log_crosses_the_pipe_unchanged(small_run: Any) -> None:
               if hasattr(col, "typecode")]
     assert arrays and all(received["steps"][n].typecode == code for n, code in arrays)
     assert type(received["steps"]["admission_blocker"]) is list
+
+
+def test_columns_of_any_size_cross_whole_and_a_cut_one_is_an_eof() -> None:
+    """A typed column's bytes go raw over the connection's descriptor, between its framed
+    messages: an empty column, one far larger than the socket's buffer (the receiver reads
+    while the sender writes) and the framed message after them all arrive intact; a column
+    cut short by the sender's end is an ``EOFError``, not a short column."""
+    big = array("d", (i * 0.5 for i in range(1_500_000)))  # 12 MB
+    sent = {"steps": {"empty": array("q"), "big": big, "ints": array("i", [3, -1])},
+            "req_ids": ["a", "b"]}
+    expected = {"steps": {name: array(c.typecode, c) for name, c in sent["steps"].items()},
+                "req_ids": ["a", "b"]}
+    ours, theirs = Pipe()
+    sender = threading.Thread(target=send_export, args=(ours, sent))
+    sender.start()
+    received = recv_export(theirs)
+    sender.join()
+    assert received == expected
+    assert [c.typecode for c in received["steps"].values()] == ["q", "d", "i"]
+    received["steps"]["big"].append(1.0)  # no view of it outlives the read: it can grow
+    ours.send(("after", 1))
+    assert theirs.recv() == ("after", 1)
+
+    ours, theirs = Pipe()
+    ours.send([("steps", ["cut"])])
+    ours.send(("array", "q", 800))  # 100 values announced, 1 sent
+    os.write(ours.fileno(), bytes(8))
+    ours.close()
+    with pytest.raises(EOFError):
+        recv_export(theirs)
 
 
 def test_on_sent_runs_once_per_column_as_the_export_empties(small_run: Any) -> None:
