@@ -284,9 +284,8 @@ def recv_export(conn: Connection) -> dict[str, Any]:
 
 def _send_column(conn: Connection, column: object) -> None:
     if isinstance(column, array):
-        data = memoryview(column).cast("B")
-        conn.send(("array", column.typecode, data.nbytes))
-        _write_all(conn.fileno(), data)
+        conn.send(("array", column.typecode, len(column)))
+        _write_all(conn.fileno(), memoryview(column).cast("B"))
     else:
         conn.send(("value", column))
 
@@ -295,17 +294,15 @@ def _recv_column(conn: Connection) -> object:
     message = conn.recv()
     if message[0] == "value":
         return message[1]
-    _, typecode, nbytes = message
-    column = array(typecode)
-    if nbytes:
-        column = array(typecode, [0]) * (nbytes // column.itemsize)
-        _read_into(conn.fileno(), memoryview(column).cast("B"))
+    _, typecode, length = message
+    column = array(typecode, [0]) * length
+    _read_into(conn.fileno(), memoryview(column).cast("B"))
     return column
 
 
 def _write_all(fd: int, data: memoryview) -> None:
     """Write ``data`` whole to ``fd``, the connection's own descriptor, after the header that
-    announced its size: raw, beside the connection's framed messages (which read exactly
+    announced its length: raw, beside the connection's framed messages (which read exactly
     what each frame holds, so nothing is read ahead). The kernel copies it straight from
     the column; no bytes object is made."""
     while data:

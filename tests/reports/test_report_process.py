@@ -158,7 +158,7 @@ def test_columns_of_any_size_cross_whole_and_a_cut_one_is_an_eof() -> None:
 
     ours, theirs = Pipe()
     ours.send([("steps", ["cut"])])
-    ours.send(("array", "q", 800))  # 100 values announced, 1 sent
+    ours.send(("array", "q", 100))  # 100 values announced, 1 sent
     os.write(ours.fileno(), bytes(8))
     ours.close()
     with pytest.raises(EOFError):
