@@ -296,3 +296,39 @@ def test_the_forked_process_writes_with_the_system_allocator() -> None:
         out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                              text=True, env=run_env, check=True).stdout
         assert out.strip() == backend
+
+
+def test_the_forked_process_imports_without_collections_then_freezes() -> None:
+    """The report stack is imported with the collector off (no collection runs), then what
+    the process holds is frozen and the collector is back on, even when an import fails;
+    anywhere but the forked process (``forked`` false) the collector is left alone. In a
+    fresh interpreter: freezing is for the whole process."""
+    code = (
+        "import gc, sys\n"
+        "from reports.report_process import _no_collections_while_importing as quiet\n"
+        "runs = []\n"
+        "gc.callbacks.append(lambda phase, info: runs.append(phase))\n"
+        "with quiet(False):\n"
+        "    assert gc.isenabled()\n"
+        "assert gc.get_freeze_count() == 0\n"
+        "with quiet(True):\n"
+        "    assert not gc.isenabled()\n"
+        "    import pandas, pyarrow.parquet\n"
+        "assert runs == [] and gc.isenabled()\n"
+        "frozen = gc.get_freeze_count()\n"
+        "assert frozen > 10_000, frozen\n"
+        "try:\n"
+        "    with quiet(True):\n"
+        "        raise ImportError('a report module is broken')\n"
+        "except ImportError:\n"
+        "    pass\n"
+        "assert gc.isenabled()\n"
+        "gc.disable()\n"
+        "with quiet(True):\n"
+        "    pass\n"
+        "assert not gc.isenabled()  # a collector the process had turned off stays off\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout
+    assert out.strip() == "ok"
