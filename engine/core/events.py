@@ -81,7 +81,9 @@ class EventLog:
         self._run_req = array("i")
         self._run_first = array("q")
         self._run_count = array("q")
-        self._open_runs: dict[int, list[int]] = {}  # req index -> [first_step, count]
+        # req_id -> [first_step, count, req index]: keyed by the id the engine passes, so that
+        # adding a token (every request, every step-by-step step) takes one dict lookup
+        self._open_runs: dict[str, list[int]] = {}
         # steps
         self._steps: dict[str, array[int] | array[float] | list[str]] = {
             name: array(code) if code else [] for name, code in STEP_TYPECODES.items()
@@ -118,14 +120,15 @@ class EventLog:
 
     def record_token(self, req_id: str, step_id: int) -> None:
         """One output token of ``req_id`` applied in step ``step_id`` (steps increasing)."""
-        idx = self._req_index[req_id]
-        run = self._open_runs.get(idx)
-        if run is not None and run[0] + run[1] == step_id:
-            run[1] += 1
-            return
+        run = self._open_runs.get(req_id)
         if run is not None:
-            self._close_run(idx, run)
-        self._open_runs[idx] = [step_id, 1]
+            if run[0] + run[1] == step_id:
+                run[1] += 1
+                return
+            self._close_run(run)
+            run[0], run[1] = step_id, 1
+            return
+        self._open_runs[req_id] = [step_id, 1, self._req_index[req_id]]
 
     def extend_runs_from(
         self, req_ids: list[str], first_steps: list[int], counts: list[int]
@@ -135,22 +138,20 @@ class EventLog:
         for req_id, first_step, count in zip(req_ids, first_steps, counts, strict=True):
             if not count:
                 continue
-            idx = index[req_id]
-            run = open_runs.get(idx)
-            if run is not None and run[0] + run[1] == first_step:
+            run = open_runs.get(req_id)
+            if run is None:
+                open_runs[req_id] = [first_step, count, index[req_id]]
+            elif run[0] + run[1] == first_step:
                 run[1] += count
-                continue
-            if run is not None:
-                self._close_run(idx, run)
-            open_runs[idx] = [first_step, count]
+            else:
+                self._close_run(run)
+                run[0], run[1] = first_step, count
 
     def close_request(self, req_id: str) -> None:
         """The request will produce no more tokens: move its open run to the finished ones."""
-        idx = self._req_index.get(req_id)
-        if idx is not None:
-            run = self._open_runs.pop(idx, None)
-            if run is not None:
-                self._close_run(idx, run)
+        run = self._open_runs.pop(req_id, None)
+        if run is not None:
+            self._close_run(run)
 
     def record_step(self, step: StepRecord) -> None:
         """One engine step. Its values are converted, and their types checked, when the
@@ -262,7 +263,7 @@ class EventLog:
             return remapped
 
         self._steps["step_id"] = array("q", remap(ids).tolist())
-        for _idx, run in list(self._open_runs.items()):
+        for run in self._open_runs.values():
             run[0] = int(remap(np.array([run[0]]))[0])
         if len(self._run_first):
             self._run_first = array("q", remap(np.asarray(self._run_first)).tolist())
@@ -271,8 +272,8 @@ class EventLog:
                 "q", remap(np.asarray(self._delivered_step, dtype=np.int64)).tolist()
             )
 
-    def _close_run(self, idx: int, run: list[int]) -> None:
-        self._run_req.append(idx)
+    def _close_run(self, run: list[int]) -> None:
+        self._run_req.append(run[2])
         self._run_first.append(run[0])
         self._run_count.append(run[1])
 
@@ -298,7 +299,7 @@ class EventLog:
         req, first, count = array("i", self._run_req), array("q", self._run_first), array(
             "q", self._run_count
         )
-        for idx, (f, c) in self._open_runs.items():
+        for f, c, idx in self._open_runs.values():
             req.append(idx)
             first.append(f)
             count.append(c)
