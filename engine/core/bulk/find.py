@@ -148,12 +148,10 @@ def _set_up(
     is_async = sched.async_scheduling
     expected_ph = 1 if is_async else 0
     lag = 0 if is_async else 1  # num_tokens − num_computed_tokens in the steady state
-    d_end = 1 if is_async else 0
     requests = list(sched.running)
     num_reqs = len(requests)
     prefill_index = num_reqs - 1 if prefilling else -1
     contexts = [0] * num_reqs
-    ends = [NO_ITERATION] * num_reqs
     finishes = [NO_ITERATION] * num_reqs
     for i in range(num_reqs):
         req = requests[i]
@@ -173,7 +171,6 @@ def _set_up(
             return None
         f = tokens_left(req.max_tokens - len(req.output_token_ids), max_model_len - req.num_tokens)
         finishes[i] = f
-        ends[i] = f + 1 - d_end
         contexts[i] = c
     pending_sampled = len(pending_tokens) - len(pending_partial)
     return BulkRun(
@@ -187,7 +184,6 @@ def _set_up(
         is_async=is_async,
         pending_num_sampled=pending_sampled,
         context_at_start=contexts,
-        decode_end=ends,
         finish_iteration=finishes,
         prefill_index=prefill_index,
     )

@@ -55,15 +55,13 @@ class BulkRun:
         is_async: bool,
         pending_num_sampled: int,
         context_at_start: list[int],
-        decode_end: list[int],
         finish_iteration: list[int],
         prefill_index: int,
     ) -> None:
         """A run of the running ``requests`` as they are now: every one but the prefiller (at
         ``prefill_index``, −1: none) decodes from iteration 0 with context
-        ``context_at_start[i]`` until ``decode_end[i]`` and finishes at
-        ``finish_iteration[i]`` (the prefiller's entries are 0, ``NO_ITERATION``,
-        ``NO_ITERATION``)."""
+        ``context_at_start[i]`` until its decode end (``decode_end_of``) and finishes at
+        ``finish_iteration[i]`` (the prefiller's entries are 0 and ``NO_ITERATION``)."""
         self.requests = requests
         self.first_step_id = first_step_id  # step id of the run's first schedule()
         self.num_waiting = num_waiting  # requests waiting throughout (admissions stay blocked)
@@ -75,6 +73,10 @@ class BulkRun:
         self.pending_num_sampled = pending_num_sampled  # async: tokens the batch in flight samples
         n = len(requests)
         self.decode_start: list[int] = [0] * n
+        end_lag = decode_end_of(0, is_async)
+        decode_end = [f + end_lag for f in finish_iteration]
+        if prefill_index >= 0:
+            decode_end[prefill_index] = NO_ITERATION
         self.decode_end = decode_end
         self.finish_iteration = finish_iteration
         self.context_at_start = context_at_start
@@ -101,21 +103,15 @@ class BulkRun:
         # the shape computation's cursors
         bits = n.bit_length()
         mask = (1 << bits) - 1
-        offsets: list[int] = []
-        decoding: list[int] = []
-        for i in range(n):
-            if i != prefill_index and decode_end[i] > 0:
-                offsets.append(context_at_start[i])
-                decoding.append(i)
-        by_end = order_by(decode_end, decoding, bits)
+        by_finish = order_by(finish_iteration, list(range(n)), bits)
+        finish_order = [key & mask for key in by_finish]
+        # decode ends are the finishes shifted by one constant: ordered alike (one sort)
+        end_order = [i for i in finish_order if i != prefill_index and decode_end[i] > 0]
         self._decodes = DecodeSet(
-            offsets, [key & mask for key in by_end], self.decode_start, decode_end,
+            [context_at_start[i] for i in end_order], end_order, self.decode_start, decode_end,
             context_at_start,
         )
-        by_finish = order_by(finish_iteration, list(range(n)), bits)
-        self._finishes = FinishOrder(
-            [key & mask for key in by_finish], [key >> bits for key in by_finish]
-        )
+        self._finishes = FinishOrder(finish_order, [key >> bits for key in by_finish])
         self._running = n  # running requests at the next schedule()
         self._x_join = NO_ITERATION  # iteration the prefiller starts decoding
         self._x_context = 0  # the prefiller's context before its next chunk
@@ -356,7 +352,7 @@ class BulkRun:
         finish = first + tokens_left(
             req.max_tokens - len(req.output_token_ids), self.max_model_len - t
         )
-        end = finish if self.is_async else finish + 1
+        end = decode_end_of(finish, self.is_async)
         self.decode_start[i] = start
         self.decode_end[i] = end
         self.context_at_start[i] = t
@@ -365,6 +361,14 @@ class BulkRun:
         if end > start:
             self._x_join = start
             self._decodes.expect_end(i)
+
+
+def decode_end_of(finish: int, is_async: bool) -> int:
+    """The end of the decode interval of a request finishing at the update of iteration
+    ``finish``: under async scheduling its last token was scheduled in that iteration (its
+    output arrives in the next update); synchronously, in the iteration before, so the
+    interval ends one later."""
+    return finish if is_async else finish + 1
 
 
 def tokens_left(outputs_left: int, tokens_left: int) -> int:
