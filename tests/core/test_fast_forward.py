@@ -250,6 +250,42 @@ def test_admission_precheck_refuses_only_what_the_plan_refuses(
     assert seen["cannot fit"] >= 50 and seen["admitted"] >= 50, seen
 
 
+def test_a_run_is_not_set_up_only_where_the_plan_would_refuse_a_second_admission(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """find_bulk_run returns no run, without setting one up, when ``_admits_another`` says the
+    first schedule() would go on to try a second waiting request; that must be a sufficient
+    condition of the plan's refusal: with the verdict ignored, the full path (set-up, then
+    the plan) finds no run either."""
+    verdicts: list[bool] = []
+    check = find._admits_another
+
+    def spy(sched: Scheduler, num_reqs: int, num_hits: int) -> bool:
+        verdicts.append(check(sched, num_reqs, num_hits))
+        return False
+
+    monkeypatch.setattr(find, "_admits_another", spy)
+    seen: Counter[str] = Counter()
+    for seed in range(400):
+        core, requests, rng = _build(seed)
+        pending = list(requests)
+        for step in range(400):
+            while pending and rng.random() < 0.4:
+                core.add_request(pending.pop(0), float(step))
+            if not pending and not core.has_work():
+                break
+            verdicts.clear()
+            run = core.find_bulk_run(TOKEN)
+            if verdicts:
+                seen["another" if verdicts[0] else "one"] += 1
+                if verdicts[0]:
+                    assert run is None, seed
+                elif run is not None:
+                    seen["admitted"] += run.admitted
+            _iterate(core, float(step))
+    assert seen["another"] >= 50 and seen["admitted"] >= 50, seen
+
+
 def test_fast_path_applies_on_a_plain_decode_batch() -> None:
     """A batch of decoding requests yields a run through their finishes, up to the last one."""
     config = EngineConfig(

@@ -78,6 +78,8 @@ def find_bulk_run(
                     if not _head_stays_blocked(sched):
                         return None
                     head_blocked = True
+                elif _admits_another(sched, num_reqs, hits[1]):
+                    return None  # its first schedule() admits two or more: step by step
                 else:
                     head_hits = hits
                     admits = True  # planned (or refused) once the decodes are known
@@ -265,12 +267,7 @@ def _admission_hits(sched: Scheduler, num_reqs: int) -> tuple[Sequence[int], int
     kv = sched.kv_cache_manager
     request = sched.waiting.peek_request()
     hit_blocks, num_hits = kv.get_computed_blocks(request)
-    threshold = effective_long_prefill_threshold(  # a request runs, another waits: in force
-        sched.long_prefill_token_threshold, num_reqs + len(sched.waiting)
-    )
-    num_new = admission_chunk(
-        request.num_tokens - num_hits, threshold, sched.token_budget - num_reqs, True
-    )
+    num_new = _chunk_with_least_budget(sched, num_reqs, num_hits)
     if num_new > 0 and not kv.slots_fit(
         request, num_new, num_hits, hit_blocks,
         full_sequence_must_fit=sched.reserve_full_isl,
@@ -279,6 +276,32 @@ def _admission_hits(sched: Scheduler, num_reqs: int) -> tuple[Sequence[int], int
     ):
         return None
     return hit_blocks, num_hits  # (no new tokens: the plan refuses it itself)
+
+
+def _chunk_with_least_budget(sched: Scheduler, num_reqs: int, num_hits: int) -> int:
+    """The first chunk of the head of the waiting queue (``num_hits`` prefix-hit tokens) with
+    the least budget the first schedule() can leave it: every running request decodes (cut
+    to it as with chunked prefill; the threshold is in force, a request runs and another
+    waits). With more budget left the chunk is the same, or larger only if cut here."""
+    request = sched.waiting.peek_request()
+    threshold = effective_long_prefill_threshold(
+        sched.long_prefill_token_threshold, num_reqs + len(sched.waiting)
+    )
+    return admission_chunk(
+        request.num_tokens - num_hits, threshold, sched.token_budget - num_reqs, True
+    )
+
+
+def _admits_another(sched: Scheduler, num_reqs: int, num_hits: int) -> bool:
+    """Would the first schedule(), once it admits the head of the waiting queue, go on to try
+    the next request? Then ``_plan_admission`` refuses the run (a run admits one request),
+    so the run is not set up. Decided from the least budget left to the head
+    (``_chunk_with_least_budget``): if its chunk leaves some of that budget, it leaves some
+    of any larger one too, with the same chunk; and with a seat free and another request
+    waiting, the admission loop carries on — where the plan returns False."""
+    if len(sched.waiting) < 2 or num_reqs + 1 >= sched.max_num_seqs:
+        return False
+    return _chunk_with_least_budget(sched, num_reqs, num_hits) < sched.token_budget - num_reqs
 
 
 def _head_stays_blocked(sched: Scheduler) -> bool:
