@@ -206,9 +206,6 @@ class EngineCore:
         first_step = applied.applied_step_ids.start
         first_seen = self._first_token_seen
         updates = timing.update_time_s
-        ids: list[str] = []
-        starts: list[int] = []
-        counts: list[int] = []
         for i, req in enumerate(run.requests):
             count = applied.token_count[i]
             if not count:
@@ -218,10 +215,7 @@ class EngineCore:
             if req_id not in first_seen:
                 first_seen.add(req_id)
                 log.record(req_id, EventKind.FIRST_TOKEN, updates[start])
-            ids.append(req_id)
-            starts.append(first_step + start)
-            counts.append(count)
-        log.extend_runs_from(ids, starts, counts)
+            log.record_tokens(req_id, first_step + start, count)
         requests = run.requests
         if run.admitted:
             log.record(requests[run.prefill_index].req_id, EventKind.SCHEDULED,

@@ -130,22 +130,19 @@ class EventLog:
             return
         self._open_runs[req_id] = [step_id, 1, self._req_index[req_id]]
 
-    def extend_runs_from(
-        self, req_ids: list[str], first_steps: list[int], counts: list[int]
-    ) -> None:
-        """``counts[i]`` consecutive tokens for ``req_ids[i]``, starting at ``first_steps[i]``."""
-        index, open_runs = self._req_index, self._open_runs
-        for req_id, first_step, count in zip(req_ids, first_steps, counts, strict=True):
-            if not count:
-                continue
-            run = open_runs.get(req_id)
-            if run is None:
-                open_runs[req_id] = [first_step, count, index[req_id]]
-            elif run[0] + run[1] == first_step:
-                run[1] += count
-            else:
-                self._close_run(run)
-                run[0], run[1] = first_step, count
+    def record_tokens(self, req_id: str, first_step: int, count: int) -> None:
+        """``count`` consecutive tokens of ``req_id``, the first applied in step ``first_step``
+        (a bulk run's: steps increasing per request)."""
+        if not count:
+            return
+        run = self._open_runs.get(req_id)
+        if run is None:
+            self._open_runs[req_id] = [first_step, count, self._req_index[req_id]]
+        elif run[0] + run[1] == first_step:
+            run[1] += count
+        else:
+            self._close_run(run)
+            run[0], run[1] = first_step, count
 
     def close_request(self, req_id: str) -> None:
         """The request will produce no more tokens: move its open run to the finished ones."""

@@ -190,7 +190,7 @@ def load_event_log(values: dict[str, Any]) -> EventLog:
     runs = values["token_runs"]
     for r, first, count in zip(runs["req_index"], runs["first_step"], runs["num_tokens"],
                                strict=True):
-        log.extend_runs_from([ids[r]], [first], [count])
+        log.record_tokens(ids[r], first, count)
         log.close_request(ids[r])
     for step_id, t in values["delivered"]:
         log.record_delivery(int(step_id), t)

@@ -1,5 +1,5 @@
 """EventLog token runs: tokens added one at a time (``record_token``) or many at once
-(``extend_runs_from``) make the same runs — maximal stretches of consecutive steps per request,
+(``record_tokens``) make the same runs — maximal stretches of consecutive steps per request,
 as a per-token reference computes them — whether a request's runs are still open or were
 closed by ``close_request``."""
 
@@ -57,7 +57,7 @@ def _replay(ops: list[tuple[int, int, int]], one_at_a_time: bool, close: set[int
             for k in range(n):
                 log.record_token(req_id, first + k)
         else:
-            log.extend_runs_from([req_id], [first], [n])
+            log.record_tokens(req_id, first, n)
         tokens.setdefault(req_id, []).extend(range(first, first + n))
         next_step[r] = first + n
     for r in sorted(close):
@@ -82,11 +82,12 @@ def test_a_gap_closes_a_run_and_a_closed_request_keeps_its_runs() -> None:
     log.record("b", EventKind.ARRIVAL, 0.0)
     log.record_token("a", 3)
     log.record_token("a", 4)
-    log.extend_runs_from(["a", "b"], [5, 4], [2, 0])  # a: continues; b: nothing
+    log.record_tokens("a", 5, 2)  # continues
+    log.record_tokens("b", 4, 0)  # nothing
     log.record_token("a", 9)  # a gap: a new run
     log.close_request("a")
     log.close_request("b")  # no tokens: nothing to close
-    log.extend_runs_from(["b"], [10], [3])
+    log.record_tokens("b", 10, 3)
     assert _runs(log) == {("a", 3, 4), ("a", 9, 1), ("b", 10, 3)}
 
 
@@ -95,6 +96,6 @@ def test_a_token_of_an_unknown_request_is_refused() -> None:
     with pytest.raises(KeyError):
         log.record_token("nobody", 0)
     with pytest.raises(KeyError):
-        log.extend_runs_from(["nobody"], [0], [2])
+        log.record_tokens("nobody", 0, 2)
     log.close_request("nobody")  # closing what never ran is a no-op
     assert _runs(log) == set()
