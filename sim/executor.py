@@ -87,12 +87,11 @@ class SimExecutor:
     @staticmethod
     def sampled(sched_out: SchedulerOutput, execute_time_s: float) -> ModelRunnerOutput:
         """The step's output: one placeholder token per request that samples this step."""
-        partial = sched_out.partial_prefill_req_ids
         token = [PLACEHOLDER_TOKEN_ID]
-        return ModelRunnerOutput(
-            {r: token for r in sched_out.num_scheduled_tokens if r not in partial},
-            execute_time_s=execute_time_s,
-        )
+        sampled = dict.fromkeys(sched_out.num_scheduled_tokens, token)  # (in their order)
+        for r in sched_out.partial_prefill_req_ids:
+            sampled.pop(r, None)
+        return ModelRunnerOutput(sampled, execute_time_s=execute_time_s)
 
 
 def _decode_shape(num_reqs: int, context_sum: int, context_max: int) -> BatchShape:

@@ -60,20 +60,27 @@ def cached_request_data(plan: StepPlan, prev: set[str]) -> CachedRequestData:
     """Running then resumed requests; full token ids for those the worker did not see in
     the previous step (``prev``)."""
     blocks = plan.new_block_ids
-    reqs = plan.scheduled_running + plan.scheduled_resumed
-    ids = [r.req_id for r in reqs]
     resumed = {r.req_id for r in plan.scheduled_resumed}
-    all_token_ids = {
-        r.req_id: list(r.all_token_ids)
-        for r in reqs
-        if (r.req_id not in prev or r.req_id in resumed) and r.has_token_ids
-    }
+    ids: list[str] = []
+    new_block_ids: list[list[int] | None] = []
+    num_computed: list[int] = []
+    num_output: list[int] = []
+    all_token_ids: dict[str, list[int]] = {}
+    for reqs in (plan.scheduled_running, plan.scheduled_resumed):
+        for r in reqs:  # one pass per request: every step visits every running request
+            req_id = r.req_id
+            ids.append(req_id)
+            new_block_ids.append(blocks[req_id] or None)
+            num_computed.append(r.num_computed_tokens)
+            num_output.append(len(r.output_token_ids) + r.num_output_placeholders)
+            if (req_id not in prev or req_id in resumed) and r.has_token_ids:
+                all_token_ids[req_id] = list(r.all_token_ids)
     return CachedRequestData(
         req_ids=ids,
         resumed_req_ids=resumed,
-        new_block_ids=[blocks[i] or None for i in ids],
-        num_computed_tokens=[r.num_computed_tokens for r in reqs],
-        num_output_tokens=[len(r.output_token_ids) + r.num_output_placeholders for r in reqs],
+        new_block_ids=new_block_ids,
+        num_computed_tokens=num_computed,
+        num_output_tokens=num_output,
         all_token_ids=all_token_ids,
     )
 
