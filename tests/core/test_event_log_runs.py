@@ -99,3 +99,29 @@ def test_a_token_of_an_unknown_request_is_refused() -> None:
         log.record_tokens("nobody", 0, 2)
     log.close_request("nobody")  # closing what never ran is a no-op
     assert _runs(log) == set()
+
+
+def test_stage_events_read_back_whole_across_the_buffer() -> None:
+    """Stage events wait in a buffer before joining the typed columns (every
+    ``EVENTS_BUFFERED`` events, or when the columns are read): whenever they are read, every
+    event is there, in recording order, with its values."""
+    from engine.core.events import EVENTS_BUFFERED
+
+    log = EventLog()
+    n = EVENTS_BUFFERED + 3
+    kinds = list(EventKind)
+    expected = []
+    for i in range(n):
+        req_id, kind = str(i % 7), kinds[i % len(kinds)]
+        payload: int | str | None = i if i % 3 == 0 else ("x" if i % 3 == 1 else None)
+        log.record(req_id, kind, 0.25 * i, payload)
+        expected.append((int(req_id), int(kind), 0.25 * i, payload))
+        if i in (5, EVENTS_BUFFERED - 1):  # read in the middle too
+            assert len(log.events_columns()["time_s"]) == i + 1  # type: ignore[arg-type]
+    cols = log.events_columns()
+    rows = list(zip(cols["req_index"], cols["kind"], cols["time_s"], cols["payload"],  # type: ignore[call-overload]
+                    strict=True))
+    assert [(int(log.req_ids[r]), k, t, p) for r, k, t, p in rows] == expected
+    assert len(list(log.iter_events(expand_tokens=False))) == n
+    rebuilt = EventLog.from_export(log.export())
+    assert list(rebuilt.events_columns()["time_s"]) == [e[2] for e in expected]  # type: ignore[call-overload]
