@@ -40,6 +40,7 @@ class Curve:
     exponent: float
     _lx: list[float]
     _ly: list[float]
+    _last: int  # the segment of the last lookup: consecutive lookups mostly fall in it
 
     def __init__(
         self, xs: list[float], ys: list[float], *, log_x: bool = False, exponent: float = 1.0
@@ -58,8 +59,12 @@ class Curve:
         self.exponent = exponent
         self._lx = [math.log(x) for x in xs]
         self._ly = [math.log(y) for y in ys]
+        self._last = 1
 
     def at(self, x: float) -> float:
+        """``y(x)``. The segment found is kept for the next call: a step's cost looks up
+        contexts and batch sizes that change little from one step to the next, so the
+        bisection is mostly skipped (the same segment, the same arithmetic)."""
         xs = self.xs
         n = len(xs)
         if x <= xs[0]:
@@ -69,7 +74,9 @@ class Curve:
             if self.exponent == 1.0:
                 return self.ys[n - 1] * ratio
             return self.ys[n - 1] * math.pow(ratio, self.exponent)
-        j = bisect_right(xs, x)
+        j = self._last  # (1 <= j < n: x lies strictly inside the points here)
+        if j >= n or not xs[j - 1] <= x < xs[j]:
+            j = self._last = bisect_right(xs, x)
         x0, x1 = xs[j - 1], xs[j]
         if self.log_x:
             lx0 = self._lx[j - 1]
@@ -84,6 +91,7 @@ class Grid:
 
     rows: list[float]
     curves: list[Curve]
+    _last: int  # the row segment of the last lookup (as ``Curve._last``)
 
     def __init__(self, rows: list[float], curves: list[Curve]) -> None:
         if not rows or len(rows) != len(curves):
@@ -93,6 +101,7 @@ class Grid:
                 raise ValueError(f"grid row values must increase, got {rows}")
         self.rows = list(rows)
         self.curves = list(curves)
+        self._last = 1
 
     def at(self, row: float, x: float) -> float:
         rows = self.rows
@@ -101,7 +110,9 @@ class Grid:
             return self.curves[0].at(x)
         if row >= rows[n - 1]:
             return self.curves[n - 1].at(x) * (row / rows[n - 1])
-        j = bisect_right(rows, row)
+        j = self._last
+        if j >= n or not rows[j - 1] <= row < rows[j]:
+            j = self._last = bisect_right(rows, row)
         r0 = rows[j - 1]
         z0 = self.curves[j - 1].at(x)
         z1 = self.curves[j].at(x)

@@ -382,3 +382,46 @@ def test_interp_bisect_right_is_the_library_s(values: list[float], x: float) -> 
     assert bisect_right(xs, x) == bisect.bisect_right(xs, x)
     for v in xs:  # at each value (duplicates included)
         assert bisect_right(xs, v) == bisect.bisect_right(xs, v)
+
+
+@given(
+    st.lists(st.floats(1.0, 1e6), min_size=1, max_size=12, unique=True),
+    st.lists(st.floats(0.5, 2e6), min_size=1, max_size=30),
+    st.booleans(),
+)
+def test_interp_lookups_in_any_order_equal_fresh_ones(
+    xs: list[float], queries: list[float], log_x: bool
+) -> None:
+    """A curve and a grid keep the segment of their last lookup; a sequence of lookups gives,
+    bit for bit, what each would give on a fresh object (no state carried over)."""
+    import bisect
+    import math
+
+    from sim.cost.interp import Curve, Grid
+
+    xs = sorted(xs)
+    ys = [1.0 + (7.0 * i) % 5.0 for i in range(len(xs))]
+
+    def curve() -> Curve:
+        return Curve(xs, ys, log_x=log_x, exponent=2.0)
+
+    def grid() -> Grid:
+        return Grid(xs, [curve() for _ in xs])
+
+    def reference(x: float) -> float:  # the curve's definition, segment found afresh
+        if x <= xs[0]:
+            return ys[0]
+        if x >= xs[-1]:
+            return ys[-1] * (x / xs[-1]) ** 2.0
+        j = bisect.bisect_right(xs, x)
+        if log_x:
+            w = (math.log(x) - math.log(xs[j - 1])) / (math.log(xs[j]) - math.log(xs[j - 1]))
+            return math.exp(math.log(ys[j - 1]) + w * (math.log(ys[j]) - math.log(ys[j - 1])))
+        return ys[j - 1] + (x - xs[j - 1]) / (xs[j] - xs[j - 1]) * (ys[j] - ys[j - 1])
+
+    c, g = curve(), grid()
+    for q in queries:
+        got = c.at(q)
+        assert got == curve().at(q)
+        assert got == pytest.approx(reference(q), rel=1e-9)
+        assert g.at(q, 2.0 * q) == grid().at(q, 2.0 * q)
