@@ -39,6 +39,7 @@ PATCHING_TESTS = (
     "test_admission_precheck_refuses_only_what_the_plan_refuses",
     "test_simulator_drives_the_core_scheduler_step_for_step",
     "test_no_run_is_searched_for_when_the_next_arrival_is_within_a_step",
+    "test_a_run_is_not_set_up_only_where_the_plan_would_refuse_a_second_admission",
 )
 
 #: A small run that exercises chunked prefill, async scheduling, prefix hits and preemption.
@@ -104,7 +105,8 @@ def test_golden_scheduler_and_event_log_tests_pass_compiled(
         "tests/core/test_async_scheduler.py", "tests/core/test_scheduler_priority.py",
         "tests/core/test_kv_cache_manager.py", "tests/core/test_fast_forward.py",
         "tests/sim/test_event_log_exact.py", "tests/sim/test_runtime_properties.py",
-        "tests/core/test_event_log_steps.py", "tests/core/test_private_hashes.py",
+        "tests/core/test_event_log_steps.py", "tests/core/test_event_log_runs.py",
+        "tests/core/test_private_hashes.py",
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     suite = ElementTree.parse(report).getroot().find("testsuite")
