@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from engine.core.bulk import find
 from engine.core.bulk.records import RunTiming
+from engine.core.bulk.run import BulkRun
 from engine.core.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.core.engine_core import EngineCore
 from engine.core.hashing import PrecomputedBlockHasher, TokenBlockHasher
@@ -213,6 +214,29 @@ def test_every_kind_of_run_is_compared() -> None:
     assert 0.2 * seen["runs"] <= seen["async"] <= 0.8 * seen["runs"]
 
 
+def _spied_searches(
+    verdicts: list[bool], judge: Callable[[bool, BulkRun | None, int, Counter[str]], None]
+) -> Counter[str]:
+    """Drive 400 random workloads, searching for a run before every step; where a spy put a
+    verdict in ``verdicts`` during the search, ``judge`` gets it with the run found, the seed
+    and the counter it fills (returned)."""
+    seen: Counter[str] = Counter()
+    for seed in range(400):
+        core, requests, rng = _build(seed)
+        pending = list(requests)
+        for step in range(400):
+            while pending and rng.random() < 0.4:
+                core.add_request(pending.pop(0), float(step))
+            if not pending and not core.has_work():
+                break
+            verdicts.clear()
+            run = core.find_bulk_run(TOKEN)
+            if verdicts:
+                judge(verdicts[0], run, seed, seen)
+            _iterate(core, float(step))
+    return seen
+
+
 def test_admission_precheck_refuses_only_what_the_plan_refuses(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -228,25 +252,15 @@ def test_admission_precheck_refuses_only_what_the_plan_refuses(
         kv = sched.kv_cache_manager
         return kv.get_computed_blocks(sched.waiting.peek_request())
 
+    def judge(cannot_fit: bool, run: BulkRun | None, seed: int, seen: Counter[str]) -> None:
+        seen["cannot fit" if cannot_fit else "may fit"] += 1
+        if cannot_fit:
+            assert run is None or not run.admitted, seed
+        elif run is not None:
+            seen["admitted"] += run.admitted
+
     monkeypatch.setattr(find, "_admission_hits", spy)
-    seen: Counter[str] = Counter()
-    for seed in range(400):
-        core, requests, rng = _build(seed)
-        pending = list(requests)
-        for step in range(400):
-            while pending and rng.random() < 0.4:
-                core.add_request(pending.pop(0), float(step))
-            if not pending and not core.has_work():
-                break
-            verdicts.clear()
-            run = core.find_bulk_run(TOKEN)
-            if verdicts:
-                seen["cannot fit" if verdicts[0] else "may fit"] += 1
-                if verdicts[0]:
-                    assert run is None or not run.admitted, seed
-                elif run is not None:
-                    seen["admitted"] += run.admitted
-            _iterate(core, float(step))
+    seen = _spied_searches(verdicts, judge)
     assert seen["cannot fit"] >= 50 and seen["admitted"] >= 50, seen
 
 
@@ -264,25 +278,15 @@ def test_a_run_is_not_set_up_only_where_the_plan_would_refuse_a_second_admission
         verdicts.append(check(sched, num_reqs, num_hits))
         return False
 
+    def judge(another: bool, run: BulkRun | None, seed: int, seen: Counter[str]) -> None:
+        seen["another" if another else "one"] += 1
+        if another:
+            assert run is None, seed
+        elif run is not None:
+            seen["admitted"] += run.admitted
+
     monkeypatch.setattr(find, "_admits_another", spy)
-    seen: Counter[str] = Counter()
-    for seed in range(400):
-        core, requests, rng = _build(seed)
-        pending = list(requests)
-        for step in range(400):
-            while pending and rng.random() < 0.4:
-                core.add_request(pending.pop(0), float(step))
-            if not pending and not core.has_work():
-                break
-            verdicts.clear()
-            run = core.find_bulk_run(TOKEN)
-            if verdicts:
-                seen["another" if verdicts[0] else "one"] += 1
-                if verdicts[0]:
-                    assert run is None, seed
-                elif run is not None:
-                    seen["admitted"] += run.admitted
-            _iterate(core, float(step))
+    seen = _spied_searches(verdicts, judge)
     assert seen["another"] >= 50 and seen["admitted"] >= 50, seen
 
 
