@@ -82,11 +82,13 @@ class EventLog:
         self._ev_kind = array("b")
         self._ev_time = array("d")
         self._ev_payload: list[int | str | None] = []
-        # events not yet in the typed columns (their payloads are): a list append is a native
-        # call in the compiled build, an array's is a method looked up every time
+        # events not yet in the columns (all four join together, so columns a reader holds
+        # stay of one length): a list append is a native call in the compiled build, an
+        # array's is a method looked up every time
         self._ev_buf_req: list[int] = []
         self._ev_buf_kind: list[int] = []
         self._ev_buf_time: list[float] = []
+        self._ev_buf_payload: list[int | str | None] = []
         # token runs: finished runs, plus the open run of each live request
         self._run_req = array("i")
         self._run_first = array("q")
@@ -119,12 +121,14 @@ class EventLog:
     def record(
         self, req_id: str, kind: EventKind, time_s: float, payload: int | str | None = None
     ) -> None:
-        """One stage event. Its values join the typed columns, and are checked, with the other
-        buffered events (every ``EVENTS_BUFFERED`` events, or when the columns are read)."""
+        """One stage event. Its values join the columns, and are checked, with the other
+        buffered events (every ``EVENTS_BUFFERED`` events, or when the columns are read): a
+        value that does not fit raises then, and the buffered events stay (every later read
+        raises again; nothing is dropped). The compiled build checks the types at the call."""
         self._ev_buf_req.append(self.index_of(req_id))
         self._ev_buf_kind.append(kind)
         self._ev_buf_time.append(time_s)
-        self._ev_payload.append(payload)
+        self._ev_buf_payload.append(payload)
         if len(self._ev_buf_req) >= EVENTS_BUFFERED:
             self._flush_events()
 
@@ -138,7 +142,9 @@ class EventLog:
         self._ev_req.extend(req)
         self._ev_kind.extend(kind)
         self._ev_time.extend(time_s)
+        self._ev_payload.extend(self._ev_buf_payload)
         self._ev_buf_req, self._ev_buf_kind, self._ev_buf_time = [], [], []
+        self._ev_buf_payload = []
 
     def record_labels(self, req_id: str, tenant: str, slo_class: str) -> None:
         """The request's tenant and SLO class name ("" for none)."""

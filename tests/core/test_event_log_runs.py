@@ -125,3 +125,15 @@ def test_stage_events_read_back_whole_across_the_buffer() -> None:
     assert len(list(log.iter_events(expand_tokens=False))) == n
     rebuilt = EventLog.from_export(log.export())
     assert list(rebuilt.events_columns()["time_s"]) == [e[2] for e in expected]  # type: ignore[call-overload]
+
+
+def test_columns_a_reader_holds_stay_of_one_length() -> None:
+    """``events_columns`` hands out the log's own columns: events recorded after it join all
+    four together, when they are flushed."""
+    log = EventLog()
+    log.record("a", EventKind.ARRIVAL, 0.0, 12)
+    cols = log.events_columns()
+    log.record("a", EventKind.FINISHED, 1.0, "length")
+    assert len({len(cols[k]) for k in ("req_index", "kind", "time_s", "payload")}) == 1  # type: ignore[arg-type]
+    log.events_columns()  # flushes into the same columns
+    assert [len(cols[k]) for k in ("req_index", "kind", "time_s", "payload")] == [2] * 4  # type: ignore[arg-type]
