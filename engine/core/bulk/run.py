@@ -364,10 +364,11 @@ class BulkRun:
 
 
 def decode_end_of(finish: int, is_async: bool) -> int:
-    """The end of the decode interval of a request finishing at the update of iteration
-    ``finish``: under async scheduling its last token was scheduled in that iteration (its
-    output arrives in the next update); synchronously, in the iteration before, so the
-    interval ends one later."""
+    """The end (exclusive) of the decode interval of a request finishing at the update of
+    iteration ``finish``. Synchronously a token scheduled in iteration k lands at update k, so
+    its last token is scheduled in ``finish`` itself and the interval ends one later; under
+    async scheduling it lands at update k + 1, so the last one was scheduled in ``finish − 1``
+    and the interval ends at ``finish``."""
     return finish if is_async else finish + 1
 
 
