@@ -23,7 +23,6 @@ once, at its arrival (``record_labels``), so reports can break results down by t
 from __future__ import annotations
 
 import enum
-import struct
 from array import array
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from typing import Any, Final
 
 # Re-exported: the step records are part of the log's interface (reports read STEP_COLUMNS).
 from engine.core.step_records import STEP_COLUMNS as STEP_COLUMNS
-from engine.core.step_records import STEP_TYPECODES, typed_column
+from engine.core.step_records import STEP_TYPECODES, packed_array, typed_column
 from engine.core.step_records import StepColumns as StepColumns
 from engine.core.step_records import StepRecord as StepRecord
 
@@ -136,9 +135,9 @@ class EventLog:
         """Move the buffered events into the typed columns."""
         if not self._ev_buf_req:
             return
-        req = _packed("i", self._ev_buf_req)  # all converted before any is appended
-        kind = _packed("b", self._ev_buf_kind)
-        time_s = _packed("d", self._ev_buf_time)
+        req = packed_array("i", self._ev_buf_req)  # all converted before any is appended
+        kind = packed_array("b", self._ev_buf_kind)
+        time_s = packed_array("d", self._ev_buf_time)
         self._ev_req.extend(req)
         self._ev_kind.extend(kind)
         self._ev_time.extend(time_s)
@@ -453,14 +452,3 @@ class EventLog:
         events.sort(key=lambda e: (e.time_s, e.kind))
         return iter(events)
 
-
-def _packed(typecode: str, values: list[Any]) -> Any:
-    """``values`` as an ``array`` of ``typecode``, packed by ``struct`` (about twice as fast per
-    value as ``array.fromlist``); a value that does not fit raises as ``array`` would."""
-    block: Any = array(typecode)
-    try:
-        block.frombytes(struct.pack(f"{len(values)}{typecode}", *values))
-    except (struct.error, TypeError, OverflowError):
-        block = array(typecode)
-        block.fromlist(values)  # array's own conversion decides (and words the error)
-    return block
