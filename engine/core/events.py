@@ -150,7 +150,9 @@ class EventLog:
         self._labels[self.index_of(req_id)] = (tenant, slo_class)
 
     def record_token(self, req_id: str, step_id: int) -> None:
-        """One output token of ``req_id`` applied in step ``step_id`` (steps increasing)."""
+        """One output token of ``req_id`` applied in step ``step_id`` (steps increasing):
+        ``record_tokens(req_id, step_id, 1)``, written out because every request of every
+        step-by-step step passes here (delegating measured ≈ 1% more loop CPU on such runs)."""
         run = self._open_runs.get(req_id)
         if run is not None:
             if run[0] + run[1] == step_id:
