@@ -31,6 +31,14 @@ def bisect_right(xs: list[float], x: float) -> int:
     return lo
 
 
+def segment(xs: list[float], x: float, hint: int) -> int:
+    """``bisect_right(xs, x)`` for an ``x`` strictly inside ``xs``'s range, trying the segment
+    ``hint`` (the previous lookup's) first: consecutive lookups mostly fall in it."""
+    if hint < len(xs) and xs[hint - 1] <= x < xs[hint]:
+        return hint
+    return bisect_right(xs, x)
+
+
 class Curve:
     """A measured curve ``y(x)``: at least one point, ``xs`` strictly increasing, ``ys > 0``."""
 
@@ -74,9 +82,7 @@ class Curve:
             if self.exponent == 1.0:
                 return self.ys[n - 1] * ratio
             return self.ys[n - 1] * math.pow(ratio, self.exponent)
-        j = self._last  # (1 <= j < n: x lies strictly inside the points here)
-        if j >= n or not xs[j - 1] <= x < xs[j]:
-            j = self._last = bisect_right(xs, x)
+        j = self._last = segment(xs, x, self._last)
         x0, x1 = xs[j - 1], xs[j]
         if self.log_x:
             lx0 = self._lx[j - 1]
@@ -110,9 +116,7 @@ class Grid:
             return self.curves[0].at(x)
         if row >= rows[n - 1]:
             return self.curves[n - 1].at(x) * (row / rows[n - 1])
-        j = self._last
-        if j >= n or not rows[j - 1] <= row < rows[j]:
-            j = self._last = bisect_right(rows, row)
+        j = self._last = segment(rows, row, self._last)
         r0 = rows[j - 1]
         z0 = self.curves[j - 1].at(x)
         z1 = self.curves[j].at(x)
