@@ -156,12 +156,11 @@ def _serve(conn: Connection, parent_end: Connection | None = None,
     that the run closing its end is seen here as the end of the conversation."""
     if parent_end is not None:
         parent_end.close()
-    forked = parent_pid is not None  # (tests run this function in a thread)
-    if parent_pid is not None:
+    if parent_pid is not None:  # a forked process (tests run this function in a thread)
         _follow_parent(parent_pid)
         _use_system_allocator_for_arrow()
     try:
-        with _no_collections_while_importing(forked):
+        with _no_collections_while_importing(forked=parent_pid is not None):
             # pyarrow.parquet and reports.render, which the writers import lazily, are
             # imported now too, while the run goes on
             import pyarrow.parquet  # noqa: F401
