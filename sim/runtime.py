@@ -314,6 +314,8 @@ class SimRuntime:
         self._max_model_len = sched.max_model_len
         self._block_size = self.engine_config.cache.block_size
         self._caching = self.engine_config.cache.enable_prefix_caching
+        # asked once: without shared keys a request's keys are all its own (no call per request)
+        self._shared_keys = self._caching and w.has_prompt_block_keys()
 
     def _router_inputs(self) -> RouterInputs:
         cfg = self.cfg
@@ -485,7 +487,7 @@ class SimRuntime:
             )
         hasher = None
         if self._caching:
-            keys = self.workload.prompt_block_keys(i, self._block_size)
+            keys = self.workload.prompt_block_keys(i, self._block_size) if self._shared_keys else ()
             hasher = PrecomputedBlockHasher(self._block_size, keys, unique_id=i)
         w = self.workload
         if w.has_labels:

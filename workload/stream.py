@@ -66,6 +66,11 @@ class Workload:
         ids = self.slo_class_ids
         return None if ids is None else self.slo_classes[int(ids[index])]
 
+    def has_prompt_block_keys(self) -> bool:
+        """Can ``prompt_block_keys`` list a key for any request (prefix ids from the trace, or
+        a shared prefix)? If not, every request's prompt blocks are its own."""
+        return self.hash_ids is not None or bool((self.shared_prefix_ids >= 0).any())
+
     def prompt_block_keys(self, index: int, block_size: int) -> Sequence[Hashable]:
         """Prefix identity of each full prompt block of request ``index`` that it may share.
 

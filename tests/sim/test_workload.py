@@ -68,6 +68,22 @@ def test_prefix_repetition_shares_prefix_blocks() -> None:
     assert len(set(keys)) == 4
 
 
+@pytest.mark.parametrize("config, shares", [
+    (WorkloadConfig(dataset_name="random", num_prompts=20), False),
+    (WorkloadConfig(dataset_name="trace", dataset_path="azure-conv", num_prompts=50), False),
+    (WorkloadConfig(dataset_name="random", num_prompts=20, random_prefix_len=32), True),
+    (WorkloadConfig(dataset_name="trace", dataset_path="mooncake-conversation", num_prompts=20),
+     True),
+])
+def test_has_prompt_block_keys_says_whether_any_request_has_one(
+    config: WorkloadConfig, shares: bool
+) -> None:
+    """The simulator skips ``prompt_block_keys`` for a workload that has none to give."""
+    w = build_workload(config)
+    assert w.has_prompt_block_keys() is shares
+    assert any(len(w.prompt_block_keys(i, 16)) for i in range(len(w))) is shares
+
+
 def test_azure_and_mooncake_traces_load() -> None:
     az = load_trace("azure-conv")
     assert len(az.prompt_lens) == 19366 and az.arrival_s[0] == 0
