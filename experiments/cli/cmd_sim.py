@@ -137,6 +137,7 @@ def _simulate(args: argparse.Namespace) -> int:
         write_run,
     )
     from experiments.resources import check_simulation_memory
+    from experiments.run_meta import simulated_run_meta  # (the report process inherits it)
 
     options = report_options(args)  # parsed now: a bad flag fails before the run
     check_simulation_memory(cfg)
@@ -153,8 +154,6 @@ def _simulate(args: argparse.Namespace) -> int:
             if reporter is not None:
                 reporter.close()
             raise
-        from experiments.run_meta import simulated_run_meta
-
         _note_short_trace(cfg, len(result.workload))
         run = FinishedRun(simulated_run_meta(result), result.event_log)
         del result  # the log is all the report needs: free the rest before rendering it
