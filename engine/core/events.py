@@ -453,4 +453,3 @@ class EventLog:
                     )
         events.sort(key=lambda e: (e.time_s, e.kind))
         return iter(events)
-
