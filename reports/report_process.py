@@ -4,12 +4,14 @@ The report stack (pandas, pyarrow, ``reports``) takes ≈ 0.2 s of CPU to import
 as the whole simulation of a small run. ``ReportProcess.start()``, called before a run, forks a
 process that imports it meanwhile on another core (``_no_collections_while_importing``) and
 then waits; after the run, ``write`` sends it the event log (``EventLog.export()``, a column
-at a time: typed arrays as their raw bytes, not pickled; ``send_export``) and the run's
+at a time: typed arrays as their raw bytes, not pickled — placed in a memory file both
+processes hold and mapped there, where the system has one; ``send_export``) and the run's
 *staging* directory, and it builds the tables and writes the run's files there exactly as
 ``reports.run_dir.write_run_files`` does in-process (it is that function), returning what it
 wrote and the printed summary. A log of more than ``MAX_STEPS_COPIED`` steps is handed over
 rather than copied (the run keeps none of it), and the process frees each part of it once its
-tables are built: a million-request run never holds its log and its tables together. The run
+tables are built: a million-request run never holds its log and its tables together (its
+columns go down the connection, not through the memory file, which would hold them all). The run
 itself commits the directory: a report process never publishes one, and it dies with the run
 (``engine.process_guard.die_with_parent``), so an orphan can neither finish nor publish.
 
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import mmap
 import multiprocessing
 import os
 import signal
@@ -59,9 +62,11 @@ MAX_STEPS_COPIED = 500_000
 class ReportProcess:
     """A forked process holding the report stack, waiting for one run's event log."""
 
-    def __init__(self, process: multiprocessing.process.BaseProcess, conn: Connection) -> None:
+    def __init__(self, process: multiprocessing.process.BaseProcess, conn: Connection,
+                 shared_fd: int | None = None) -> None:
         self._process = process
         self._conn = conn
+        self._shared_fd = shared_fd  # the memory file both ends hold (``_shared_file``)
         self._sent = False  # did it get a log to write?
 
     @classmethod
@@ -73,14 +78,17 @@ class ReportProcess:
             return None
         ctx = multiprocessing.get_context("fork")
         ours, theirs = ctx.Pipe()
+        shared_fd = _shared_file()
         try:
-            process = ctx.Process(target=_serve, args=(theirs, ours, os.getpid()),
+            process = ctx.Process(target=_serve, args=(theirs, ours, os.getpid(), shared_fd),
                                   daemon=True)
             process.start()
         except OSError:
+            if shared_fd is not None:
+                os.close(shared_fd)
             return None
         theirs.close()
-        return cls(process, ours)
+        return cls(process, ours, shared_fd)
 
     def write(
         self,
@@ -108,7 +116,8 @@ class ReportProcess:
             # a handed-over log's pages go back to the system column by column as they are
             # sent (malloc would keep them), so the run and this process never hold it twice
             send_export(self._conn, exported,
-                        on_sent=_return_free_memory if handed_over else None)
+                        on_sent=_return_free_memory if handed_over else None,
+                        shared_fd=None if handed_over else self._shared_fd)
             del exported
             status, value = self._conn.recv()
         except (EOFError, OSError):
@@ -139,6 +148,9 @@ class ReportProcess:
         got nothing to write (the run failed or was interrupted) is terminated at once."""
         try:
             self._conn.close()
+            if self._shared_fd is not None:
+                os.close(self._shared_fd)
+                self._shared_fd = None
         finally:
             if not self._sent:
                 self._process.terminate()
@@ -149,11 +161,12 @@ class ReportProcess:
 
 
 def _serve(conn: Connection, parent_end: Connection | None = None,
-           parent_pid: int | None = None) -> None:
+           parent_pid: int | None = None, shared_fd: int | None = None) -> None:
     """The report process: import the report stack, say it is ready, then write one run
     directory.
     ``parent_end``, the other end of the pipe (inherited by the fork), is closed first, so
-    that the run closing its end is seen here as the end of the conversation."""
+    that the run closing its end is seen here as the end of the conversation.
+    ``shared_fd``: the memory file the run may place typed columns in (``_shared_file``)."""
     if parent_end is not None:
         parent_end.close()
     if parent_pid is not None:  # a forked process (tests run this function in a thread)
@@ -178,9 +191,12 @@ def _serve(conn: Connection, parent_end: Connection | None = None,
         meta, out_dir, options, plots, file_format, handed_over = conn.recv()
         if handed_over and parent_pid is not None:
             _map_large_blocks()
-        exported = recv_export(conn)
+        exported = recv_export(conn, shared_fd)
     except (EOFError, OSError, KeyboardInterrupt):
         return  # the run ended without a report (an error, an interruption)
+    finally:
+        if shared_fd is not None:
+            os.close(shared_fd)  # the columns' mappings keep what they map
     try:
         tables = build_tables(ExportedLog(exported, owned=True))  # frees the log as it goes
         del exported
@@ -273,55 +289,122 @@ def _follow_parent(parent_pid: int) -> None:
 
 
 def send_export(conn: Connection, exported: dict[str, Any],
-                on_sent: Callable[[], None] | None = None) -> None:
+                on_sent: Callable[[], None] | None = None,
+                shared_fd: int | None = None) -> None:
     """Send an ``EventLog.export()`` column by column, emptying ``exported`` as it goes (a
     column sent is freed unless the sender holds it elsewhere): typed arrays as raw bytes,
-    with no pickled copy; lists and other values pickled one at a time. ``on_sent`` is called
-    after each column has been sent and let go."""
+    with no pickled copy — placed in the memory file ``shared_fd`` when given (the receiver
+    maps them: ``recv_export``), else written down the connection; lists and other values
+    pickled one at a time. ``on_sent`` is called after each column has been sent and let go."""
     layout = [(key, list(value) if isinstance(value, dict) else None)
               for key, value in exported.items()]
     conn.send(layout)
+    placed = _Placement(shared_fd)
     for key, names in layout:
         if names is None:
-            _send_column(conn, exported.pop(key))
+            _send_column(conn, exported.pop(key), placed)
             if on_sent is not None:
                 on_sent()
             continue
         part = exported.pop(key)
         for name in names:
-            _send_column(conn, part.pop(name))
+            _send_column(conn, part.pop(name), placed)
             if on_sent is not None:
                 on_sent()
         del part
 
 
-def recv_export(conn: Connection) -> dict[str, Any]:
-    """What ``send_export`` sent, as the export it was (typed arrays as typed arrays)."""
+def recv_export(conn: Connection, shared_fd: int | None = None) -> dict[str, Any]:
+    """What ``send_export`` sent, as the export it was: typed arrays as typed arrays, or, for
+    those placed in the memory file ``shared_fd``, as read-only numpy arrays mapping it."""
     exported: dict[str, Any] = {}
     for key, names in conn.recv():
         if names is None:
-            exported[key] = _recv_column(conn)
+            exported[key] = _recv_column(conn, shared_fd)
         else:
-            exported[key] = {name: _recv_column(conn) for name in names}
+            exported[key] = {name: _recv_column(conn, shared_fd) for name in names}
     return exported
 
 
-def _send_column(conn: Connection, column: object) -> None:
+def _shared_file() -> int | None:
+    """A memory file (Linux's ``memfd_create``) for the run to place its typed columns in,
+    created before the fork so that both processes hold it; None where there is none (the
+    columns then go down the connection). The report process maps them instead of reading
+    a copy into fresh pages: on Vidur's stream (≈ 25 MB of columns) its receipt took 0.006 s
+    of CPU and 1,800 page faults instead of 0.02–0.03 s and 7,500, and the whole command
+    1.5% less CPU (8 alternated pairs)."""
+    create = getattr(os, "memfd_create", None)
+    if create is None:
+        return None
+    try:
+        return int(create("twinserve-event-log", os.MFD_CLOEXEC))
+    except OSError:
+        return None
+
+
+class _Placement:
+    """Where the next column goes in the memory file: each at a page boundary (a mapping's
+    offset must be one), one after the other."""
+
+    def __init__(self, fd: int | None) -> None:
+        self.fd = fd
+        self.end = 0
+
+    def place(self, data: memoryview) -> int:
+        """Write ``data`` at the next page boundary; returns its offset."""
+        assert self.fd is not None
+        offset = -(-self.end // mmap.ALLOCATIONGRANULARITY) * mmap.ALLOCATIONGRANULARITY
+        at = offset
+        while data:
+            written = os.pwrite(self.fd, data, at)
+            data, at = data[written:], at + written
+        self.end = at
+        return offset
+
+
+def _send_column(conn: Connection, column: object, placed: _Placement) -> None:
     if isinstance(column, array):
+        raw = memoryview(column).cast("B")
+        if placed.fd is not None and len(raw):
+            offset = placed.place(raw)
+            conn.send(("mapped", column.typecode, len(column), offset))
+            return
         conn.send(("array", column.typecode, len(column)))
-        _write_all(conn.fileno(), memoryview(column).cast("B"))
+        _write_all(conn.fileno(), raw)
     else:
         conn.send(("value", column))
 
 
-def _recv_column(conn: Connection) -> object:
+def _recv_column(conn: Connection, shared_fd: int | None) -> object:
     message = conn.recv()
     if message[0] == "value":
         return message[1]
+    if message[0] == "mapped":
+        if shared_fd is None:
+            raise ValueError("a column was placed in a memory file this end does not hold")
+        _, typecode, length, offset = message
+        return _mapped_column(shared_fd, typecode, length, offset)
     _, typecode, length = message
     column = array(typecode, [0]) * length
     _read_into(conn.fileno(), memoryview(column).cast("B"))
     return column
+
+
+#: Shared (nothing is written through it) and populated at once: the pages are in the file
+#: already, so one call maps them all instead of a page fault for each page read.
+_MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+
+
+def _mapped_column(fd: int, typecode: str, length: int, offset: int) -> Any:
+    """The column at ``offset`` of the memory file, as a read-only numpy array of the array
+    type ``typecode`` over a private mapping of it: no copy is made, and the pages are
+    shared with the file until the process lets go of the array."""
+    import numpy as np
+
+    dtype = np.dtype(typecode)
+    mapping = mmap.mmap(fd, length * dtype.itemsize, flags=_MAP_FLAGS, prot=mmap.PROT_READ,
+                        offset=offset)
+    return np.frombuffer(mapping, dtype=dtype, count=length)
 
 
 def _write_all(fd: int, data: memoryview) -> None:

@@ -50,7 +50,8 @@ STAGE_COLUMNS: dict[str, EventKind] = {
 
 
 class ExportedLog:
-    """An ``EventLog.export()`` read back (in a report process): the log's read side.
+    """An ``EventLog.export()`` read back (in a report process): the log's read side. Its typed
+    columns are ``array``s, or read-only numpy arrays where the report process mapped them.
 
     With ``owned=True`` the export is this reader's alone (a report process's copy, or
     ``EventLog.take_export()``): each part is handed out once and dropped from the export, and
@@ -140,6 +141,8 @@ def build_steps(log: RunLog) -> pd.DataFrame:
         col = cols.pop(name) if owned else cols[name]  # type: ignore[attr-defined]
         if name == "admission_blocker":
             data[name] = _categorical(col)  # type: ignore[arg-type]
+        elif isinstance(col, np.ndarray):  # a report process's mapped column: typed already
+            data[name] = col if owned else col.copy()
         else:
             code = getattr(col, "typecode", "d")  # keep the log's compact types
             dtype = {"d": np.float64, "i": np.int32}.get(code, np.int64)
@@ -330,7 +333,7 @@ def _label_columns(log: RunLog, n: int) -> dict[str, pd.Categorical]:
 
 # -- event columns --------------------------------------------------------------------------------
 def _copy_array(col: Any, dtype: type) -> np.ndarray:
-    """A numpy copy of a typed ``array.array`` (or list) column."""
+    """A numpy copy of a typed ``array.array`` (or numpy array, or list) column."""
     if hasattr(col, "typecode"):
         raw = np.frombuffer(col, dtype=np.dtype(col.typecode)) if len(col) else np.zeros(0)
         return raw.astype(dtype, copy=True)
@@ -338,9 +341,12 @@ def _copy_array(col: Any, dtype: type) -> np.ndarray:
 
 
 def _view_array(col: Any, dtype: type) -> np.ndarray:
-    """A typed ``array.array`` column as a numpy view of its buffer (no copy), or a list as a
-    new array of ``dtype``. Views live only while the tables are built: an ``array`` with a
-    view cannot grow, and the log may keep growing afterwards."""
+    """A typed ``array.array`` column as a numpy view of its buffer (no copy), a numpy array
+    (a report process's mapped column) as it is, or a list as a new array of ``dtype``. Views
+    live only while the tables are built: an ``array`` with a view cannot grow, and the log
+    may keep growing afterwards."""
+    if isinstance(col, np.ndarray):
+        return col
     if hasattr(col, "typecode") and len(col):
         view = np.frombuffer(col, dtype=np.dtype(col.typecode))
         view.flags.writeable = False  # the log's own storage

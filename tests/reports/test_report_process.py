@@ -186,6 +186,105 @@ def test_on_sent_runs_once_per_column_as_the_export_empties(small_run: Any) -> N
     assert held == sorted(held, reverse=True)  # the export only shrinks
 
 
+needs_memfd = pytest.mark.skipif(not hasattr(os, "memfd_create"),
+                                 reason="no memory files (memfd_create) on this system")
+
+
+def _across_a_memory_file(sent: dict[str, Any]) -> dict[str, Any]:
+    from reports.report_process import _shared_file
+
+    fd = _shared_file()
+    assert fd is not None
+    try:
+        ours, theirs = Pipe()
+        sender = threading.Thread(target=send_export, args=(ours, sent),
+                                  kwargs={"shared_fd": fd})
+        sender.start()
+        received = recv_export(theirs, fd)
+        sender.join()
+    finally:
+        os.close(fd)  # the columns' mappings outlive the file's descriptor
+    return received
+
+
+@needs_memfd
+def test_columns_placed_in_a_memory_file_arrive_mapped_and_equal(small_run: Any) -> None:
+    """With a memory file, each non-empty typed column is written there and mapped by the
+    receiver — a read-only numpy array of the column's own type over the mapping, no copy —
+    while lists and empty columns still travel over the connection."""
+    import mmap
+
+    import numpy as np
+
+    exported = small_run.event_log.export()
+    received = _across_a_memory_file(small_run.event_log.export())
+    mapped = 0
+    for key, part in exported.items():
+        columns = part.items() if isinstance(part, dict) else [(None, part)]
+        got = received[key]
+        for name, col in columns:
+            value = got if name is None else got[name]
+            if isinstance(col, array) and len(col):
+                mapped += 1
+                assert isinstance(value, np.ndarray)
+                assert isinstance(getattr(value.base, "obj", None), mmap.mmap)  # no copy
+                assert value.dtype == np.dtype(col.typecode) and not value.flags.writeable
+                assert value.tolist() == col.tolist()
+            else:
+                assert value == col and type(value) is type(col)
+    assert mapped >= 20
+
+
+@needs_memfd
+def test_tables_built_from_mapped_columns_equal_those_built_from_the_log(
+        small_run: Any) -> None:
+    from reports.tables import ExportedLog, build_tables
+
+    received = _across_a_memory_file(small_run.event_log.export())
+    mapped = build_tables(ExportedLog(received, owned=True))
+    direct = build_tables(small_run.event_log)
+    for name in ("requests", "steps", "token_runs"):
+        pd.testing.assert_frame_equal(getattr(mapped, name), getattr(direct, name))
+
+
+def test_a_mapped_column_without_the_memory_file_is_refused() -> None:
+    ours, theirs = Pipe()
+    ours.send([("steps", ["step_id"])])
+    ours.send(("mapped", "q", 4, 0))
+    with pytest.raises(ValueError, match="memory file"):
+        recv_export(theirs)
+
+
+@needs_memfd
+def test_a_run_directory_from_mapped_columns_is_the_same_and_the_file_is_closed(
+        tmp_path: Path) -> None:
+    """The report written from columns mapped out of the memory file is byte for byte the
+    one written from columns sent down the connection, and closing the reporter closes the
+    file (each end closes its own descriptor: here a thread stands in, with a duplicate)."""
+    from reports.report_process import _shared_file
+
+    meta = {"kind": "simulated", "date": "20261201-000000"}
+    log = _simulated().event_log
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    piped = _reporter().write(log, meta, tmp_path / "a", OPTIONS, plots=False,
+                              file_format="parquet")
+    fd = _shared_file()
+    assert fd is not None
+    ours, theirs = Pipe()
+    reporter = ReportProcess(_Thread(_serve, (theirs, None, None, os.dup(fd))),  # type: ignore[arg-type]
+                             ours, fd)
+    mapped = reporter.write(log, meta, tmp_path / "b", OPTIONS, plots=False,
+                            file_format="parquet")
+    assert piped is not None and mapped is not None
+    assert mapped[1] == piped[1] and mapped[0].summary == piped[0].summary
+    for name in ("requests", "steps", "token_runs"):
+        assert (tmp_path / "a" / f"{name}.parquet").read_bytes() == (
+            tmp_path / "b" / f"{name}.parquet").read_bytes()
+    with pytest.raises(OSError):
+        os.fstat(fd)  # closed with the reporter
+
+
 def _simulated(num_prompts: int = 30) -> Any:
     return run_simulation(SimConfig.from_dict({"workload": {
         "dataset_name": "random", "num_prompts": num_prompts, "request_rate": 50.0,
