@@ -141,11 +141,9 @@ def build_steps(log: RunLog) -> pd.DataFrame:
         col = cols.pop(name) if owned else cols[name]  # type: ignore[attr-defined]
         if name == "admission_blocker":
             data[name] = _categorical(col)  # type: ignore[arg-type]
-        elif isinstance(col, np.ndarray):  # a report process's mapped column: typed already
-            data[name] = col if owned else col.copy()
-        else:
-            code = getattr(col, "typecode", "d")  # keep the log's compact types
-            dtype = {"d": np.float64, "i": np.int32}.get(code, np.int64)
+        else:  # the log's compact types (a mapped column's own; a list's as floats)
+            dtype = col.dtype if isinstance(col, np.ndarray) else np.dtype(
+                getattr(col, "typecode", "d"))
             data[name] = _view_array(col, dtype) if owned else _copy_array(col, dtype)
         del col
     steps = pd.DataFrame(data, copy=False)  # fresh arrays: no consolidating copy
@@ -332,7 +330,7 @@ def _label_columns(log: RunLog, n: int) -> dict[str, pd.Categorical]:
 
 
 # -- event columns --------------------------------------------------------------------------------
-def _copy_array(col: Any, dtype: type) -> np.ndarray:
+def _copy_array(col: Any, dtype: type | np.dtype[Any]) -> np.ndarray:
     """A numpy copy of a typed ``array.array`` (or numpy array, or list) column."""
     if hasattr(col, "typecode"):
         raw = np.frombuffer(col, dtype=np.dtype(col.typecode)) if len(col) else np.zeros(0)
@@ -340,7 +338,7 @@ def _copy_array(col: Any, dtype: type) -> np.ndarray:
     return np.asarray(col, dtype=dtype).copy()
 
 
-def _view_array(col: Any, dtype: type) -> np.ndarray:
+def _view_array(col: Any, dtype: type | np.dtype[Any]) -> np.ndarray:
     """A typed ``array.array`` column as a numpy view of its buffer (no copy), a numpy array
     (a report process's mapped column) as it is, or a list as a new array of ``dtype``. Views
     live only while the tables are built: an ``array`` with a view cannot grow, and the log
