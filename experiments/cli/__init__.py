@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from experiments.cli.console import Interrupted, Session
+from experiments.cli.startup import command_collection, startup
 
 #: Modules that contribute subcommands, in ``--help`` order.
 COMMAND_MODULES: tuple[str, ...] = (
@@ -172,13 +173,20 @@ def _interrupted(exc: Interrupted) -> int:
 
 
 def _run(argv: Sequence[str] | None) -> int:
-    from engine.core.errors import UserError
-
     words = sys.argv[1:] if argv is None else argv
     _one_blas_thread(words)
     _importable_cwd()
-    parser = build_parser(words[0] if words and not words[0].startswith("-") else None)
-    args = parser.parse_args(argv)
+    with command_collection():
+        with startup():
+            parser = build_parser(words[0] if words and not words[0].startswith("-") else None)
+            args = parser.parse_args(argv)
+        return _call(args)
+
+
+def _call(args: argparse.Namespace) -> int:
+    """Run the parsed command; bad input and the machine's refusals become one line."""
+    from engine.core.errors import UserError
+
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)

@@ -11,6 +11,7 @@ from typing import Any
 
 from engine.core.errors import UserError
 from experiments.cli.flags import add_report_flags, add_sim_flags, default_out_dir
+from experiments.cli.startup import startup
 from experiments.simconfig import config_dict_from_args, load_experiment_file
 
 
@@ -122,27 +123,28 @@ def _simulate_sharded(cfg: Any, shards: int, args: argparse.Namespace) -> Any:
 def _simulate(args: argparse.Namespace) -> int:
     if _list_catalogs(args):
         return 0
-    from sim.config import SimConfig
-    from sim.runtime import run_simulation
+    with startup():  # experiments/cli/startup.py
+        from sim.config import SimConfig
+        from sim.runtime import run_simulation
 
-    base = load_experiment_file(args.config) if args.config else {}
-    cfg = SimConfig.from_dict(config_dict_from_args(args, base))
-    if args.explain_step:
-        return _explain_step(cfg, args.explain_step)
-    from experiments.cli.reporting import (
-        FinishedRun,
-        open_out_dir,
-        report_options,
-        start_report_process,
-        write_run,
-    )
-    from experiments.resources import check_simulation_memory
-    from experiments.run_meta import simulated_run_meta  # (the report process inherits it)
+        base = load_experiment_file(args.config) if args.config else {}
+        cfg = SimConfig.from_dict(config_dict_from_args(args, base))
+        if args.explain_step:
+            return _explain_step(cfg, args.explain_step)
+        from experiments.cli.reporting import (
+            FinishedRun,
+            open_out_dir,
+            report_options,
+            start_report_process,
+            write_run,
+        )
+        from experiments.resources import check_simulation_memory
+        from experiments.run_meta import simulated_run_meta  # (the report process inherits it)
 
-    options = report_options(args)  # parsed now: a bad flag fails before the run
-    check_simulation_memory(cfg)
-    progress = args.progress if args.progress is not None else sys.stderr.isatty()
-    shards = _shards(args, cfg)
+        options = report_options(args)  # parsed now: a bad flag fails before the run
+        check_simulation_memory(cfg)
+        progress = args.progress if args.progress is not None else sys.stderr.isatty()
+        shards = _shards(args, cfg)
     with open_out_dir(Path(args.out) if args.out else default_out_dir()) as out:
         reporter = start_report_process()  # imports the report stack while the run goes on
         try:
