@@ -1,7 +1,7 @@
 """Requests as the scheduler sees them: tokens, sampling limits, status, and progress counters.
 
 A ``Request`` is the core's mutable record of one generation. Its invariants (vLLM V1's):
-``num_tokens == num_prompt_tokens + len(output_token_ids)``; ``num_computed_tokens`` counts the
+``num_tokens == num_prompt_tokens + num_output_tokens``; ``num_computed_tokens`` counts the
 tokens whose KV is (or is being) written, including in-flight ones under async scheduling;
 ``block_hashes`` hold one hash per *full* block of known tokens and grow as tokens arrive.
 
@@ -72,6 +72,8 @@ class Request:
 
     __slots__ = (
         "_all_token_ids",
+        "_output_fill",
+        "_output_token_ids",
         "arrival_time",
         "block_hasher",
         "block_hashes",
@@ -85,11 +87,11 @@ class Request:
         "num_computed_tokens",
         "num_in_flight_tokens",
         "num_output_placeholders",
+        "num_output_tokens",
         "num_preemptions",
         "num_prompt_tokens",
         "num_stale_output_tokens",
         "num_tokens",
-        "output_token_ids",
         "priority",
         "prompt_token_ids",
         "req_id",
@@ -145,7 +147,12 @@ class Request:
         self.min_tokens = sampling_params.min_tokens
         self.num_prompt_tokens = n
         self.num_tokens = n
-        self.output_token_ids: list[int] = []
+        # Outputs are a list, or, while every one so far is the same token (a simulated
+        # request's placeholders: millions of them in a long run), only counted: the list is
+        # None and ``_output_fill`` is that token. ``output_token_ids`` makes the list on demand.
+        self._output_token_ids: list[int] | None = None
+        self._output_fill = 0
+        self.num_output_tokens = 0
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None
         self.num_computed_tokens = 0
@@ -165,8 +172,30 @@ class Request:
 
     # -- tokens ---------------------------------------------------------------------------------
     @property
-    def num_output_tokens(self) -> int:
-        return len(self.output_token_ids)
+    def output_token_ids(self) -> list[int]:
+        """The output tokens, in order: the request's own list, which later outputs extend.
+        Read-only, as vLLM's ``ConstantList``: outputs join through the ``append_*`` methods,
+        which keep ``num_output_tokens`` and ``num_tokens``."""
+        outputs = self._output_token_ids
+        if outputs is None:
+            outputs = self._output_token_ids = [self._output_fill] * self.num_output_tokens
+        return outputs
+
+    def _append_outputs(self, token_id: int, count: int) -> None:
+        """``count`` copies of ``token_id`` join the outputs (counted while they repeat one
+        token; listed from the first that differs)."""
+        outputs = self._output_token_ids
+        if outputs is not None:
+            if count == 1:
+                outputs.append(token_id)
+            else:
+                outputs.extend([token_id] * count)
+        elif token_id == self._output_fill or not self.num_output_tokens:
+            self._output_fill = token_id
+        else:
+            self._output_token_ids = [self._output_fill] * self.num_output_tokens
+            self._output_token_ids.extend([token_id] * count)
+        self.num_output_tokens += count
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -181,7 +210,7 @@ class Request:
 
     def append_output_token_id(self, token_id: int) -> None:
         """Append one sampled token and hash any block it completes."""
-        self.output_token_ids.append(token_id)
+        self._append_outputs(token_id, 1)
         if self._all_token_ids is not None:
             self._all_token_ids.append(token_id)
         self.num_tokens += 1
@@ -190,10 +219,9 @@ class Request:
     def append_output_tokens(self, token_id: int, count: int) -> None:
         """Append ``count`` copies of one token (a bulk run's outputs: ``engine/core/bulk``)
         without stop checks, and hash the blocks they complete."""
-        tokens = [token_id] * count
-        self.output_token_ids.extend(tokens)
+        self._append_outputs(token_id, count)
         if self._all_token_ids is not None:
-            self._all_token_ids.extend(tokens)
+            self._all_token_ids.extend([token_id] * count)
         self.num_tokens += count
         self.hash_full_blocks()
 
@@ -207,8 +235,7 @@ class Request:
         honoured even below ``min_tokens``: a real sampler masks them until then (ours does), so
         this order matters only for scripted outputs such as the golden replays.
         """
-        outputs = self.output_token_ids
-        outputs.append(token_id)
+        self._append_outputs(token_id, 1)
         all_ids = self._all_token_ids
         if all_ids is not None:
             all_ids.append(token_id)
@@ -221,7 +248,7 @@ class Request:
             self.status = RequestStatus.FINISHED_STOPPED
             self.stop_reason = token_id
             return True
-        if num_tokens >= max_model_len or len(outputs) >= self.max_tokens:
+        if num_tokens >= max_model_len or self.num_output_tokens >= self.max_tokens:
             self.status = RequestStatus.FINISHED_LENGTH_CAPPED
             return True
         return False
@@ -256,5 +283,5 @@ class Request:
     def __repr__(self) -> str:
         return (
             f"Request({self.req_id!r}, status={self.status.name}, prompt={self.num_prompt_tokens},"
-            f" out={len(self.output_token_ids)}, computed={self.num_computed_tokens})"
+            f" out={self.num_output_tokens}, computed={self.num_computed_tokens})"
         )

@@ -72,7 +72,7 @@ def cached_request_data(plan: StepPlan, prev: set[str]) -> CachedRequestData:
             ids.append(req_id)
             new_block_ids.append(blocks[req_id] or None)
             num_computed.append(r.num_computed_tokens)
-            num_output.append(len(r.output_token_ids) + r.num_output_placeholders)
+            num_output.append(r.num_output_tokens + r.num_output_placeholders)
             if (req_id not in prev or req_id in resumed) and r.has_token_ids:
                 all_token_ids[req_id] = list(r.all_token_ids)
     return CachedRequestData(

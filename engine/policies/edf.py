@@ -39,7 +39,7 @@ def next_token_deadline(request: Request) -> float:
     slo = request.slo
     if slo is None or math.isinf(slo.ttft_s):
         return math.inf
-    k = len(request.output_token_ids)
+    k = request.num_output_tokens
     if k == 0:
         return request.arrival_time + slo.ttft_s
     if math.isinf(slo.tpot_s):

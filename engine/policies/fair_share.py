@@ -60,7 +60,7 @@ class TenantCounters:
         admitted = request.status != RequestStatus.WAITING
         return (
             self.input_weight * request.num_prompt_tokens * admitted
-            + self.output_weight * len(request.output_token_ids)
+            + self.output_weight * request.num_output_tokens
         )
 
     def counter(self, tenant: str) -> float:

@@ -73,7 +73,7 @@ class LoadShedding:
 
     def admit(self, request: Request, view: AdmissionView) -> Admission:
         slo = request.slo
-        if slo is None or math.isinf(slo.ttft_s) or request.output_token_ids:
+        if slo is None or math.isinf(slo.ttft_s) or request.num_output_tokens:
             return ADMIT
         predicted = self.predicted_ttft_s(request, view)
         target = self.slack * slo.ttft_s

@@ -50,7 +50,7 @@ class ShortestJobFirst:
 
     def predicted_left(self, request: Request) -> float:
         """Predicted output tokens still to come (at least 1)."""
-        return max(self.predictor.predict(request) - len(request.output_token_ids), 1.0)
+        return max(self.predictor.predict(request) - request.num_output_tokens, 1.0)
 
     def new_waiting_queue(self) -> RequestQueue:
         return KeyedRequestQueue(lambda r: (self.predictor.predict(r),))

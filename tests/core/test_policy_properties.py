@@ -204,7 +204,7 @@ def test_the_vtc_queue_serves_the_least_served_backlogged_tenant_fifo(
             assert queue.pop_request() is head
             model[head.tenant].pop(0)
             head.status = RequestStatus.RUNNING  # admitted: its prompt now counts
-            head.output_token_ids.extend([1] * (length % 5))
+            head.append_output_tokens(1, length % 5)
         elif op == "remove" and any(model.values()):
             tenant = [t for t in model if model[t]][i % len([t for t in model if model[t]])]
             r = model[tenant].pop(i % len(model[tenant]))

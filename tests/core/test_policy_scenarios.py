@@ -156,8 +156,7 @@ def test_srpt_preempts_the_most_remaining_output() -> None:
 def test_srpt_queues_a_preempted_request_by_what_it_has_left() -> None:
     sched = scheduler("srpt", max_num_seqs=1)
     long, short = request("long", 8, 30), request("short", 8, 12, arrival=1)
-    long.output_token_ids.extend([7] * 25)  # (as if it had run: 5 tokens left)
-    long.num_tokens += 25
+    long.append_output_tokens(7, 25)  # (as if it had run: 5 tokens left)
     sched.add_request(short)
     sched.add_request(long)
     assert sched.waiting.peek_request() is long

@@ -340,7 +340,7 @@ def _last_scheduled_output(
         ids.append(req.req_id)
         computed.append(c)
         # known outputs + the placeholder in flight at that schedule() = the count now
-        num_output.append(len(req.output_token_ids))
+        num_output.append(req.num_output_tokens)
         num_scheduled[req.req_id] = q
     cached = CachedRequestData(
         req_ids=ids,

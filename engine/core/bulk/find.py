@@ -171,7 +171,7 @@ def _set_up(
             continue
         if req.num_output_placeholders != expected_ph or req.num_tokens - c != lag:
             return None
-        f = tokens_left(req.max_tokens - len(req.output_token_ids), max_model_len - req.num_tokens)
+        f = tokens_left(req.max_tokens - req.num_output_tokens, max_model_len - req.num_tokens)
         finishes[i] = f
         contexts[i] = c
     pending_sampled = len(pending_tokens) - len(pending_partial)

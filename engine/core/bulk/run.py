@@ -350,7 +350,7 @@ class BulkRun:
         # then one a step until its length limit
         first = start if self.is_async else j
         finish = first + tokens_left(
-            req.max_tokens - len(req.output_token_ids), self.max_model_len - t
+            req.max_tokens - req.num_output_tokens, self.max_model_len - t
         )
         end = decode_end_of(finish, self.is_async)
         self.decode_start[i] = start
