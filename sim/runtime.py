@@ -312,6 +312,11 @@ class SimRuntime:
         self._priorities = _int_column(w.priorities)
         sched = self.engine_config.scheduler
         self._max_model_len = sched.max_model_len
+        # refused by the admission rule (1) or not (0), asked once for the whole workload
+        self._rejected = array("b", exceeds_max_model_len(
+            np.asarray(w.prompt_lens, dtype=np.int64), np.asarray(w.output_lens, dtype=np.int64),
+            self._max_model_len,
+        ).tobytes())
         self._block_size = self.engine_config.cache.block_size
         self._caching = self.engine_config.cache.enable_prefix_caching
         # asked once: without shared keys a request's keys are all its own (no call per request)
@@ -405,8 +410,9 @@ class SimRuntime:
             slo = w.slo_class(i)
             log.record_labels(req_id, w.tenant(i), "" if slo is None else slo.name)
         self._outstanding += 1
-        reason = reject_reason(prompt_len, output_len, self._max_model_len)
-        if reason is not None:
+        if self._rejected[i]:
+            reason = reject_reason(prompt_len, output_len, self._max_model_len)
+            assert reason is not None
             self.reject_reasons[req_id] = reason
             self.stats.num_rejected += 1
             back = send_s + 2 * fe.network_latency_s
@@ -474,8 +480,7 @@ class SimRuntime:
         return None if costs is None else float(costs[i])
 
     def _rejects(self, i: int) -> bool:
-        return exceeds_max_model_len(self._prompt_lens[i], self._output_lens[i],
-                                     self._max_model_len)
+        return self._rejected[i] != 0
 
     def _make_request(
         self, i: int, req_id: str, prompt_len: int, output_len: int, send_s: float

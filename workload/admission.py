@@ -11,8 +11,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, overload
 
 from engine.core.errors import UserError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class PromptError(UserError):
@@ -33,8 +37,23 @@ def validate_prompt(token_ids: Sequence[int], *, vocab_size: int, max_model_len:
         raise PromptError(f"token id {bad[0]} is out of vocabulary (vocab_size={vocab_size})")
 
 
+@overload
 def exceeds_max_model_len(num_prompt_tokens: int, max_tokens: int, max_model_len: int) -> bool:
-    """True when prompt + ``max_tokens`` does not fit in ``max_model_len`` tokens."""
+    ...
+
+
+@overload
+def exceeds_max_model_len(
+    num_prompt_tokens: np.ndarray, max_tokens: np.ndarray, max_model_len: int
+) -> np.ndarray:
+    ...
+
+
+def exceeds_max_model_len(
+    num_prompt_tokens: int | np.ndarray, max_tokens: int | np.ndarray, max_model_len: int
+) -> bool | np.ndarray:
+    """True when prompt + ``max_tokens`` does not fit in ``max_model_len`` tokens; given two
+    integer columns (numpy), the answer for each request (a column of bools)."""
     return num_prompt_tokens + max_tokens > max_model_len
 
 

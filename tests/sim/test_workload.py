@@ -264,3 +264,15 @@ def test_admission_rule_refuses_what_cannot_fit_and_says_why() -> None:
     assert reject_reason(31, 20, 50) == (
         "prompt (31) + max_tokens (20) exceeds max_model_len (50)"
     )
+
+
+def test_admission_rule_on_columns_answers_as_for_each_request() -> None:
+    from workload.admission import exceeds_max_model_len
+
+    prompts = np.array([30, 31, 1, 50, 49], dtype=np.int64)
+    outputs = np.array([20, 20, 49, 1, 1], dtype=np.int64)
+    each = exceeds_max_model_len(prompts, outputs, 50)
+    assert each.dtype == bool
+    assert each.tolist() == [
+        exceeds_max_model_len(int(p), int(o), 50) for p, o in zip(prompts, outputs, strict=True)
+    ] == [False, True, False, True, False]
