@@ -29,7 +29,6 @@ forks it early keeps its own start light.
 from __future__ import annotations
 
 import contextlib
-import gc
 import mmap
 import multiprocessing
 import os
@@ -44,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.core.events import EventLog
 from engine.core.libc import libc
+from engine.gc_freeze import frozen_when_done
 from reports.errors import ReportError
 
 if TYPE_CHECKING:
@@ -223,15 +223,11 @@ def _no_collections_while_importing(forked: bool) -> Iterator[None]:
     took 0.175–0.182 s of CPU instead of 0.210–0.220 s (6 alternated pairs). A collector the
     process had turned off stays off; elsewhere (a thread in tests) it is not this
     function's to change."""
-    if not forked or not gc.isenabled():
+    if not forked:
         yield
         return
-    gc.disable()
-    try:
+    with frozen_when_done():
         yield
-    finally:
-        gc.freeze()
-        gc.enable()
 
 
 def _use_system_allocator_for_arrow() -> None:

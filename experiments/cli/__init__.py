@@ -32,8 +32,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
+from engine.gc_freeze import frozen_when_done, unfrozen_when_done
 from experiments.cli.console import Interrupted, Session
-from experiments.cli.startup import command_collection, startup
 
 #: Modules that contribute subcommands, in ``--help`` order.
 COMMAND_MODULES: tuple[str, ...] = (
@@ -176,8 +176,8 @@ def _run(argv: Sequence[str] | None) -> int:
     words = sys.argv[1:] if argv is None else argv
     _one_blas_thread(words)
     _importable_cwd()
-    with command_collection():
-        with startup():
+    with unfrozen_when_done():
+        with frozen_when_done():  # start-up: see engine/gc_freeze.py
             parser = build_parser(words[0] if words and not words[0].startswith("-") else None)
             args = parser.parse_args(argv)
         return _call(args)

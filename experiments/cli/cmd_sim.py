@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from engine.core.errors import UserError
+from engine.gc_freeze import frozen_when_done
 from experiments.cli.flags import add_report_flags, add_sim_flags, default_out_dir
-from experiments.cli.startup import startup
 from experiments.simconfig import config_dict_from_args, load_experiment_file
 
 
@@ -123,7 +123,7 @@ def _simulate_sharded(cfg: Any, shards: int, args: argparse.Namespace) -> Any:
 def _simulate(args: argparse.Namespace) -> int:
     if _list_catalogs(args):
         return 0
-    with startup():  # experiments/cli/startup.py
+    with frozen_when_done():  # start-up: see engine/gc_freeze.py
         from sim.config import SimConfig
         from sim.runtime import run_simulation
 

@@ -23,8 +23,9 @@
   never torch/triton, the worker or the simulator: the engine behind it is given as a factory.
 * ``reports`` imports only ``engine.core.events`` and ``engine.core.errors`` of ours, the file
   and process helpers every writer shares (``engine.paths``, ``engine.output_dir``,
-  ``engine.process_guard``, ``engine.core.libc``), plus pandas/numpy/matplotlib and pyarrow
-  (pandas' Parquet engine, used directly to write tables in row groups).
+  ``engine.process_guard``, ``engine.gc_freeze``, ``engine.core.libc``), plus
+  pandas/numpy/matplotlib and pyarrow (pandas' Parquet engine, used directly to write tables in
+  row groups).
 * ``kernels`` imports nothing of ours.
 * ``bench`` (benchmarks and GPU scripts) may import any package of ours, and none imports it
   (only its tests do).
@@ -86,7 +87,8 @@ RULES: dict[str, Rule] = {
     ),
     "reports": Rule(
         ours=("reports", "engine.core.events", "engine.core.errors", "engine.paths",
-              "engine.output_dir", "engine.process_guard", "engine.core.libc"),
+              "engine.output_dir", "engine.process_guard", "engine.gc_freeze",
+              "engine.core.libc"),
         third_party=("pandas", "numpy", "matplotlib", "pyarrow"),
     ),
     "kernels": Rule(ours=("kernels",), third_party=None),

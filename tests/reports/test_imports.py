@@ -1,8 +1,8 @@
 """``reports`` imports only ``engine.core.events`` and ``engine.core.errors`` of ours and the
 file and process helpers every writer shares (``engine.paths``, ``engine.output_dir``,
-``engine.process_guard``, ``engine.core.libc``), plus numpy, pandas, matplotlib, pyarrow
-(pandas' Parquet engine, used directly to write tables in row groups) and the standard library
-(ARCHITECTURE.md §2);
+``engine.process_guard``, ``engine.gc_freeze``, ``engine.core.libc``), plus numpy, pandas,
+matplotlib, pyarrow (pandas' Parquet engine, used directly to write tables in row groups) and
+the standard library (ARCHITECTURE.md §2);
 ``twinserve --help`` does not import pandas."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 REPORTS = Path(__file__).resolve().parents[2] / "reports"
 ALLOWED_THIRD_PARTY = {"numpy", "pandas", "matplotlib", "pyarrow"}
 ALLOWED_OURS = {"engine.core.events", "engine.core.errors", "engine.paths", "engine.output_dir",
-                "engine.process_guard", "engine.core.libc"}
+                "engine.process_guard", "engine.gc_freeze", "engine.core.libc"}
 
 
 def _imports(path: Path) -> set[str]:

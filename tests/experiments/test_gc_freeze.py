@@ -1,4 +1,5 @@
-"""The CLI's start-up and the cyclic garbage collector (experiments/cli/startup.py)."""
+"""Start-up objects frozen out of the garbage collector's way (engine/gc_freeze.py), as the
+CLI uses them."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from engine.gc_freeze import frozen_when_done, unfrozen_when_done
 from experiments.cli import main
-from experiments.cli.startup import command_collection, startup
 
 
 @pytest.fixture(autouse=True)
@@ -23,8 +24,8 @@ def _collector_restored() -> Iterator[None]:
         gc.disable()
 
 
-def test_startup_pauses_collection_then_freezes_what_it_made() -> None:
-    with startup():
+def test_collection_is_paused_then_what_was_made_is_frozen() -> None:
+    with frozen_when_done():
         assert not gc.isenabled()
         made = [[] for _ in range(100)]  # containers the collector tracks
         assert gc.get_freeze_count() == 0
@@ -33,35 +34,35 @@ def test_startup_pauses_collection_then_freezes_what_it_made() -> None:
     assert gc.is_tracked(made)
 
 
-def test_startup_leaves_a_collector_the_caller_turned_off_alone() -> None:
+def test_a_collector_the_caller_turned_off_is_left_alone() -> None:
     gc.disable()
-    with startup():
+    with frozen_when_done():
         assert not gc.isenabled()
     assert not gc.isenabled()
     assert gc.get_freeze_count() == 0
 
 
-def test_startup_restores_the_collector_when_its_block_raises() -> None:
-    with pytest.raises(ValueError), startup():
+def test_the_collector_is_restored_when_the_block_raises() -> None:
+    with pytest.raises(ValueError), frozen_when_done():
         raise ValueError("bad flag")
     assert gc.isenabled()
 
 
-def test_command_collection_unfreezes_what_its_startups_froze() -> None:
-    with command_collection():
-        with startup():
+def test_unfrozen_when_done_undoes_the_freezes_inside_it() -> None:
+    with unfrozen_when_done():
+        with frozen_when_done():
             pass
-        with startup():  # a command's own start-up, after the parser's
+        with frozen_when_done():  # a command's own start-up, after the parser's
             pass
         assert gc.get_freeze_count() > 0
     assert gc.get_freeze_count() == 0
     assert gc.isenabled()
 
 
-def test_command_collection_keeps_a_freeze_the_caller_made() -> None:
+def test_unfrozen_when_done_keeps_a_freeze_the_caller_made() -> None:
     gc.freeze()
     frozen = gc.get_freeze_count()
-    with command_collection(), startup():
+    with unfrozen_when_done(), frozen_when_done():
         pass
     assert gc.get_freeze_count() >= frozen > 0
 
