@@ -193,8 +193,7 @@ class Request:
         elif token_id == self._output_fill or not self.num_output_tokens:
             self._output_fill = token_id
         else:
-            self._output_token_ids = [self._output_fill] * self.num_output_tokens
-            self._output_token_ids.extend([token_id] * count)
+            self.output_token_ids.extend([token_id] * count)  # (makes the list first)
         self.num_output_tokens += count
 
     @property
