@@ -410,7 +410,7 @@ class SimRuntime:
             slo = w.slo_class(i)
             log.record_labels(req_id, w.tenant(i), "" if slo is None else slo.name)
         self._outstanding += 1
-        if self._rejected[i]:
+        if self._rejects(i):
             reason = reject_reason(prompt_len, output_len, self._max_model_len)
             assert reason is not None
             self.reject_reasons[req_id] = reason
