@@ -393,8 +393,8 @@ _MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 
 def _mapped_column(fd: int, typecode: str, length: int, offset: int) -> Any:
     """The column at ``offset`` of the memory file, as a read-only numpy array of the array
-    type ``typecode`` over a private mapping of it: no copy is made, and the pages are
-    shared with the file until the process lets go of the array."""
+    type ``typecode`` over a shared, read-only mapping of it (``_MAP_FLAGS``): no copy is
+    made; the pages are the file's own until the process lets go of the array."""
     import numpy as np
 
     dtype = np.dtype(typecode)
