@@ -99,6 +99,7 @@ class EventLog:
         self._steps: dict[str, array[int] | array[float] | list[str]] = {
             name: array(code) if code else [] for name, code in STEP_TYPECODES.items()
         }
+        self._num_steps_stored = 0  # rows of ``_steps`` in use (see ``_append_columns``)
         # steps not yet in the typed columns: single records, and column buffers before them
         self._step_records: list[StepRecord] = []
         self._step_buf: list[list[object]] = [[] for _ in STEP_COLUMNS]
@@ -254,12 +255,32 @@ class EventLog:
 
     def _append_columns(self, columns: list[list[object]]) -> None:
         """Convert each column (``STEP_COLUMNS`` order) to its storage, then append them all
-        (or nothing: a value that does not fit raises ``TypeError`` naming its column)."""
+        (or nothing: a value that does not fit raises ``TypeError`` naming its column).
+
+        The stored columns grow by half their length at a time and hold unused rows at their
+        end until read (``_stored_steps``): an ``array`` extended in place grows by 1/16, and
+        each growth the allocator cannot make in place copies the column, ≈ 16 copies of its
+        final size over a run."""
         converted = [
             typed_column(name, values) for name, values in zip(STEP_COLUMNS, columns, strict=True)
         ]
+        start = self._num_steps_stored
+        stop = start + len(converted[0])
         for name, block in zip(STEP_COLUMNS, converted, strict=True):
-            self._steps[name].extend(block)
+            column = self._steps[name]
+            if len(column) < stop:
+                _grow(column, max(stop, len(column) * 3 // 2))
+            column[start:stop] = block
+        self._num_steps_stored = stop
+
+    def _stored_steps(self) -> dict[str, array[int] | array[float] | list[str]]:
+        """The step columns with every step recorded so far, and no unused row."""
+        self._flush_steps()
+        n = self._num_steps_stored
+        for column in self._steps.values():
+            if len(column) > n:
+                del column[n:]
+        return self._steps
 
     def record_delivery(self, step_id: int, time_s: float) -> None:
         """The outputs of ``step_id`` reached the client at ``time_s``."""
@@ -279,8 +300,7 @@ class EventLog:
         follow. Call once, after the run."""
         import numpy as np
 
-        self._flush_steps()
-        ids = np.asarray(self._steps["step_id"], dtype=np.int64)
+        ids = np.asarray(self._stored_steps()["step_id"], dtype=np.int64)
         if ids.size == 0:
             return
         engines = ids // stride
@@ -310,7 +330,7 @@ class EventLog:
     # -- reading --------------------------------------------------------------------------------
     @property
     def num_steps(self) -> int:
-        return len(self._steps["step_id"]) + self._num_buffered + len(self._step_records)
+        return self._num_steps_stored + self._num_buffered + len(self._step_records)
 
     def events_columns(self) -> dict[str, object]:
         """Stage events as columns: req_index, kind, time_s, payload."""
@@ -337,8 +357,7 @@ class EventLog:
         return {"req_index": req, "first_step": first, "num_tokens": count}
 
     def steps_columns(self) -> dict[str, object]:
-        self._flush_steps()
-        return dict(self._steps)
+        return dict(self._stored_steps())
 
     def labels_columns(self) -> dict[str, list[int] | list[str]]:
         """Request labels as columns: req_index, tenant, slo_class (requests with labels)."""
@@ -381,6 +400,7 @@ class EventLog:
         self._run_req, self._run_first = empty._run_req, empty._run_first
         self._run_count, self._open_runs = empty._run_count, {}
         self._steps, self._step_records = empty._steps, []  # export() flushed the buffers
+        self._num_steps_stored = 0
         self._delivered_step, self._delivered_time = empty._delivered_step, empty._delivered_time
         return exported
 
@@ -408,6 +428,7 @@ class EventLog:
             name: array(code, steps[name]) if code else list(steps[name])
             for name, code in STEP_TYPECODES.items()
         }
+        log._num_steps_stored = len(log._steps["step_id"])
         delivered = exported["delivered"]
         log._delivered_step = array("q", delivered["step_id"])
         log._delivered_time = array("d", delivered["time_s"])
@@ -434,9 +455,8 @@ class EventLog:
             )
         ]
         if expand_tokens:
-            self._flush_steps()
-            step_ids = self._steps["step_id"]
-            update_times = self._steps["update_time_s"]
+            steps = self._stored_steps()
+            step_ids, update_times = steps["step_id"], steps["update_time_s"]
             time_of = dict(zip(step_ids, update_times, strict=True))
             runs = self.token_runs()
             # Runs are stored in the order they were closed, which depends on how the steps
@@ -453,3 +473,13 @@ class EventLog:
                     )
         events.sort(key=lambda e: (e.time_s, e.kind))
         return iter(events)
+
+
+def _grow(column: array[Any] | list[Any], size: int) -> None:
+    """Lengthen ``column`` to ``size`` rows with placeholders (zeros, or "" in the string
+    column), overwritten as steps are appended."""
+    missing = size - len(column)
+    if isinstance(column, list):
+        column.extend([""] * missing)
+    else:
+        column.frombytes(bytes(missing * column.itemsize))

@@ -3,6 +3,8 @@ the column's name and leave the log as it was."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from engine.core.events import (
@@ -67,6 +69,24 @@ def test_buffered_rows_join_the_columns_in_blocks() -> None:
         log.record_step(row)
     assert log.num_steps == len(rows)
     assert _columns(log)["step_id"] == list(range(len(rows)))
+
+
+def test_columns_read_between_growths_hold_exactly_the_steps_so_far() -> None:
+    """The stored columns grow ahead of the steps (``EventLog._append_columns``): a read sees
+    every step recorded so far and no placeholder row, and recording goes on after it."""
+    steps = [_step(i, "kv_cache" if i % 5 == 0 else "") for i in range(7 * STEP_ROWS_BUFFERED + 3)]
+    log, by_row = EventLog(), EventLog()
+    cut_points = [0, 1, STEP_ROWS_BUFFERED, 3 * STEP_ROWS_BUFFERED + 1, len(steps)]
+    for start, stop in itertools.pairwise(cut_points):
+        log.record_steps(_block(steps[start:stop]))
+        for s in steps[start:stop]:
+            by_row.record_step(s)
+        assert log.num_steps == stop
+        assert _columns(log) == _columns(by_row)
+        assert all(len(column) == stop for column in _columns(log).values())
+    exported = EventLog.from_export(log.export())
+    assert _columns(exported) == _columns(by_row)
+    assert list(log.iter_events()) == list(by_row.iter_events())
 
 
 def test_record_steps_refuses_bad_columns_and_records_nothing() -> None:
