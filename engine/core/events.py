@@ -258,11 +258,11 @@ class EventLog:
         (or nothing: a value that does not fit raises ``TypeError`` naming its column).
 
         The stored columns grow by a quarter of their length at a time and hold unused rows
-        at their end until read (``_stored_steps``): an ``array`` extended in place grows by
-        1/16, and each growth the allocator cannot make in place copies the column, ≈ 16
-        copies of its final size over a run (≈ 4 now). A quarter, not a half: the unused rows
-        are resident (their zeros are written), and at two million steps a half-grown log
-        raised the run's peak memory by ≈ 60 MB."""
+        at their end until read (``_stored_steps``), so a column is copied about 4 times its
+        final size over a run: extended in place, an ``array`` grows by 1/16, and each growth
+        the allocator cannot make in place copies it — about 16 times its final size. Not by
+        half: the unused rows are resident (their zeros are written), and at two million steps
+        a half-grown log raised the run's peak memory by ≈ 60 MB."""
         converted = [
             typed_column(name, values) for name, values in zip(STEP_COLUMNS, columns, strict=True)
         ]
@@ -359,6 +359,9 @@ class EventLog:
         return {"req_index": req, "first_step": first, "num_tokens": count}
 
     def steps_columns(self) -> dict[str, object]:
+        """Every step recorded so far, one column per ``STEP_COLUMNS`` name: the log's own
+        storage, not a copy — a step recorded later may lengthen these columns with unused
+        rows (``_append_columns``), so read them again rather than keep them."""
         return dict(self._stored_steps())
 
     def labels_columns(self) -> dict[str, list[int] | list[str]]:
