@@ -245,7 +245,9 @@ class KVCacheManager:
         """``free`` for a request that will be admitted again: its private block hashes enter
         the hash map first, so its readmission can hit them (see ``block_pool``)."""
         if self.enable_caching and request.num_cached_blocks:
-            self.block_pool.publish_private(request.block_ids, request.num_cached_blocks)
+            self.block_pool.publish_private(
+                request.block_ids, request.block_hashes, request.num_cached_blocks
+            )
         self.free(request)
 
     def free(self, request: Request) -> None:

@@ -14,6 +14,7 @@ import random
 
 import pytest
 
+from engine.core.block_pool import PRIVATE_HASH
 from engine.core.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.core.engine_core import EngineCore
 from engine.core.hashing import PrecomputedBlockHasher
@@ -112,13 +113,15 @@ def test_a_preempted_request_publishes_its_generated_blocks() -> None:
     assert request.block_hashes[0] == ("shared", 0) and request.block_hashes[1] < 0
     blocks = manager.allocate_slots(request, 13)
     assert blocks is not None and len(blocks) == 4
-    # the shared block is mapped at once; the private ones only carry their hashes
+    # the shared block is mapped at once; the private ones only carry the private marker (their
+    # keys stay with the request)
     assert pool.hash_to_block == {("shared", 0): blocks[0]}
-    assert [pool.block_hash[b] for b in blocks[:3]] == request.block_hashes
+    assert [pool.block_hash[b] for b in blocks[:3]] == [("shared", 0), PRIVATE_HASH, PRIVATE_HASH]
     assert [pool.in_map[b] for b in blocks] == [True, False, False, False]
     assert manager.get_computed_blocks(request) == ([blocks[0]], BS)
     manager.free_preempted(request)
     assert {pool.hash_to_block[h] for h in request.block_hashes} == set(blocks[:3])
+    assert [pool.block_hash[b] for b in blocks[:3]] == request.block_hashes  # published
     assert manager.get_computed_blocks(request) == (blocks[:3], 3 * BS)
     # a finished request's private blocks stay unpublished, and are evicted without the map
     other = Request("o", sampling_params=SamplingParams(max_tokens=8), num_prompt_tokens=8,
