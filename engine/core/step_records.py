@@ -10,6 +10,7 @@ do not fit with a ``TypeError`` naming the field.
 
 from __future__ import annotations
 
+import functools
 import struct
 from array import array
 from collections.abc import Mapping, Sequence
@@ -267,21 +268,9 @@ def packed_array(typecode: str, values: list[Any]) -> Any:
     return block
 
 
-#: ``struct.Struct`` objects by (typecode, count), as ``_packer`` made them (at most
-#: ``_MAX_PACKERS``: the log packs blocks of about ``STEP_ROWS_BUFFERED`` values, of a few
-#: dozen sizes).
-_PACKERS: dict[tuple[str, int], struct.Struct] = {}
-_MAX_PACKERS: Final = 256
-
-
+@functools.lru_cache(maxsize=256)  # the log packs blocks of a few dozen sizes
 def _packer(typecode: str, count: int) -> struct.Struct:
     """A ``Struct`` packing ``count`` values of ``typecode``. ``Struct.pack(*values)`` takes
     the values as they are; ``struct.pack(format, *values)`` copies them once more, into the
     tuple without the format (≈ 25% of the packing of a block of 2,048 floats)."""
-    key = (typecode, count)
-    packer = _PACKERS.get(key)
-    if packer is None:
-        if len(_PACKERS) >= _MAX_PACKERS:
-            _PACKERS.clear()
-        packer = _PACKERS[key] = struct.Struct(f"{count}{typecode}")
-    return packer
+    return struct.Struct(f"{count}{typecode}")
