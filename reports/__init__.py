@@ -1,11 +1,17 @@
 """Reports: per-request events → the numbers users trust, where the time went, pictures.
 
 Works identically for simulated and real runs: everything is derived from the core's
-``engine.core.events.EventLog`` (the only project import allowed here, besides numpy, pandas
-and matplotlib). Definitions follow ``vllm bench serve`` (METRICS.md §1).
+``engine.core.events.EventLog`` (the only project import allowed here, besides numpy, pyarrow,
+pandas and matplotlib). Definitions follow ``vllm bench serve`` (METRICS.md §1). The path from
+a log to a run directory without plots computes on numpy columns and never imports pandas;
+DataFrames are a conversion away.
 
 =====================  =====================================================================
-``tables``             ``build_tables(log) -> RunTables``: requests, steps, token runs
+``tables``             ``build_columns(log) -> RunColumns`` (numpy columns) and
+                       ``build_tables(log) -> RunTables`` (DataFrames): requests, steps,
+                       token runs
+``columns``            the column tables, and conversion to and from DataFrames
+``parquet``            a column table as the Parquet file pandas would write
 ``metrics``            ``summarize(tables, meta, …)``: vllm-bench JSON keys + our sections;
                        ``format_summary(summary)``: the "Serving Benchmark Result" block
 ``stats``, ``itl``     numpy-exact (weighted) percentiles; pooled ITLs from token runs

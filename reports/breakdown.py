@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pandas as pd
+
+from reports.columns import ColumnTable
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +85,7 @@ def path_segments(path: str) -> list[Segment]:
     return [s for s in SEGMENTS if (s.in_ttft if path == "ttft" else s.in_e2el)]
 
 
-def segment_columns(cols: Mapping[str, Any], steps: pd.DataFrame) -> dict[str, np.ndarray]:
+def segment_columns(cols: Mapping[str, Any], steps: ColumnTable) -> dict[str, np.ndarray]:
     """The ``seg_*_s`` columns from a request table's stage-time columns (vectorised)."""
     names = (
         "arrival_s", "frontend_start_s", "tokenized_s", "engine_enqueued_s", "scheduled_s",
@@ -99,10 +100,8 @@ def segment_columns(cols: Mapping[str, Any], steps: pd.DataFrame) -> dict[str, n
         column("frontend_cpu"): tokenized - fe_start,
         column("ipc_in"): enqueued - tokenized,
     }
-    replica = cols.get("replica")
-    if replica is not None:
-        replica = pd.array(replica, dtype="Int64").to_numpy(dtype=np.float64, na_value=np.nan)
-    waits = wait_split(enqueued, scheduled, steps, replica)
+    replica = cols.get("replica")  # OptionalInts: floats, NaN where unknown
+    waits = wait_split(enqueued, scheduled, steps, None if replica is None else replica.values)
     out.update({column(k): v for k, v in waits.items()})
     out[column("prefill")] = first_tok - scheduled
     out[column("decode")] = last_tok - first_tok
@@ -114,7 +113,7 @@ def segment_columns(cols: Mapping[str, Any], steps: pd.DataFrame) -> dict[str, n
 def wait_split(
     enqueued: np.ndarray,
     scheduled: np.ndarray,
-    steps: pd.DataFrame,
+    steps: ColumnTable,
     replica: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """Each request's waiting interval split by the blocker in force (see module doc).
@@ -122,13 +121,17 @@ def wait_split(
     With several data-parallel engines (a ``replica`` column in ``steps``), a request is
     charged with the blockers of its own engine (``replica``, NaN: unknown, all steps).
     """
-    if replica is None or "replica" not in steps or steps["replica"].nunique() <= 1:
+    if replica is None or "replica" not in steps:
+        return _wait_split_one(enqueued, scheduled, steps)
+    step_replica = steps.array("replica")
+    engines = np.unique(step_replica)
+    if len(engines) <= 1:
         return _wait_split_one(enqueued, scheduled, steps)
     out = {seg: np.full(len(enqueued), np.nan) for seg in (*WAIT_REASONS.values(),
                                                            "wait_next_step")}
     unknown = np.isnan(replica)
     groups = [(unknown, steps)]
-    groups += [(replica == r, g) for r, g in steps.groupby("replica", observed=True)]
+    groups += [(replica == r, steps.take(step_replica == r)) for r in engines]
     for mask, group in groups:
         if mask.any():
             part = _wait_split_one(enqueued[mask], scheduled[mask], group)
@@ -138,7 +141,7 @@ def wait_split(
 
 
 def _wait_split_one(
-    enqueued: np.ndarray, scheduled: np.ndarray, steps: pd.DataFrame
+    enqueued: np.ndarray, scheduled: np.ndarray, steps: ColumnTable
 ) -> dict[str, np.ndarray]:
     """``wait_split`` against one engine's steps."""
     total = scheduled - enqueued
@@ -147,17 +150,16 @@ def _wait_split_one(
         out = {seg: np.zeros_like(total) for seg in WAIT_REASONS.values()}
         out["wait_next_step"] = total
         return out
-    t = steps["schedule_time_s"].to_numpy(dtype=np.float64)
+    t = steps.array("schedule_time_s", np.float64)
     order = np.argsort(t, kind="stable")
     t = t[order]
     # the blockers as category codes (one comparison of small ints per reason, not of strings)
-    blocker = pd.Categorical(steps["admission_blocker"])
+    blocker = steps.labels("admission_blocker")
     codes = blocker.codes[order][:-1]
-    categories = [str(c) for c in blocker.categories]
     dt = np.diff(t)
     charged = np.zeros_like(total)
     for reason, seg in WAIT_REASONS.items():
-        code = categories.index(reason) if reason in categories else -2  # -1: missing
+        code = blocker.code_of(reason)  # -2 if no step has it (-1: missing)
         cum = np.concatenate(([0.0], np.cumsum(np.where(codes == code, dt, 0.0))))
         part = np.interp(scheduled, t, cum) - np.interp(enqueued, t, cum)
         out[seg] = part
@@ -176,7 +178,7 @@ def _band(n: int, q: float) -> tuple[int, int]:
 
 
 def breakdown_summary(
-    requests: pd.DataFrame, quantiles: Sequence[float] = (50.0, 99.0)
+    requests: ColumnTable, quantiles: Sequence[float] = (50.0, 99.0)
 ) -> dict[str, Any]:
     """Segment times (ms) and shares at each quantile and on average, per path.
 
@@ -184,18 +186,18 @@ def breakdown_summary(
     "labels": {segment: label}}`` where each leaf is ``{"latency_ms", "num_requests",
     "segments_ms": {segment: ms}, "shares": {segment: fraction}}``.
     """
-    ok = requests["success"].to_numpy(dtype=bool)
+    ok = requests.array("success", bool)
     result: dict[str, Any] = {"labels": {s.name: s.label for s in SEGMENTS}}
     for path, latency_col in PATHS.items():
         segs = path_segments(path)
-        lat = requests[latency_col].to_numpy(dtype=np.float64)[ok]
+        lat = requests.array(latency_col, np.float64)[ok]
         order = np.argsort(lat, kind="stable")  # ties: the same requests on every rebuild
         bands = {f"p{_word(q)}": order[slice(*_band(len(lat), float(q)))] if len(lat) else order
                  for q in quantiles}
         # one segment column at a time (a million requests: 8 MB each, not 100 MB at once)
         seg_means: dict[str, list[float]] = {key: [] for key in (*bands, "mean")}
         for s in segs if len(lat) else ():
-            c = requests[column(s.name)].to_numpy(dtype=np.float64)[ok]
+            c = requests.array(column(s.name), np.float64)[ok]
             for key, rows in bands.items():
                 seg_means[key].append(float(c[rows].mean()))
             seg_means["mean"].append(float(c.mean()))

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
-from reports.tables import RunTables
+from reports.columns import ColumnTable, RunColumns, as_columns
+
+if TYPE_CHECKING:
+    from reports.tables import RunTables
 
 #: The label columns, and the summary key of each one's breakdown.
 GROUPS: dict[str, str] = {"tenant": "by_tenant", "slo_class": "by_slo_class"}
@@ -47,21 +49,21 @@ def class_slos_ms(meta: Mapping[str, Any]) -> dict[str, tuple[float, float]]:
 
 
 def group_breakdown(
-    tables: RunTables,
+    tables: RunTables | RunColumns,
     meta: Mapping[str, Any],
     goodput: Mapping[str, float],
     duration_s: float,
 ) -> dict[str, dict[str, dict[str, float | int | None]]]:
     """{"by_tenant": {tenant: figures}, "by_slo_class": {class: figures}} for the label
     columns the run has (empty without labels); see the module docstring."""
-    req = tables.requests
+    req = as_columns(tables).requests
     present = [c for c in GROUPS if c in req]
     if not present:
         return {}
     meets = _meets_slo(req, class_slos_ms(meta), goodput)
     out: dict[str, dict[str, dict[str, float | int | None]]] = {}
     for column in present:
-        labels = req[column].astype(str).to_numpy()
+        labels = req.labels(column).strings(missing="nan")
         groups: dict[str, dict[str, float | int | None]] = {}
         for name in sorted(set(labels.tolist())):
             sel = labels == name
@@ -71,20 +73,21 @@ def group_breakdown(
 
 
 def _meets_slo(
-    req: pd.DataFrame, slos: Mapping[str, tuple[float, float]], goodput: Mapping[str, float]
+    req: ColumnTable, slos: Mapping[str, tuple[float, float]], goodput: Mapping[str, float]
 ) -> np.ndarray:
     """Per request: 1 it completed within its SLO, 0 it did not, NaN no SLO applies."""
     n = len(req)
-    ok = req["success"].to_numpy(dtype=bool)
-    ttft_ms = req["ttft_s"].to_numpy(dtype=np.float64) * 1000
-    tpot_ms = np.nan_to_num(req["tpot_s"].to_numpy(dtype=np.float64), nan=0.0) * 1000
-    e2el_ms = req["e2el_s"].to_numpy(dtype=np.float64) * 1000
+    ok = req.array("success", bool)
+    ttft_ms = req.array("ttft_s", np.float64) * 1000
+    tpot_ms = np.nan_to_num(req.array("tpot_s", np.float64), nan=0.0) * 1000
+    e2el_ms = req.array("e2el_s", np.float64) * 1000
     ttft_lim = np.full(n, math.inf)
     tpot_lim = np.full(n, math.inf)
     e2el_lim = np.full(n, math.inf)
     has = np.zeros(n, dtype=bool)
     classes = (
-        req["slo_class"].astype(str).to_numpy() if "slo_class" in req else np.full(n, "")
+        req.labels("slo_class").strings(missing="nan") if "slo_class" in req
+        else np.full(n, "")
     )
     for name, (t, p) in slos.items():
         sel = classes == name
@@ -101,11 +104,11 @@ def _meets_slo(
 
 
 def _figures(
-    req: pd.DataFrame, sel: np.ndarray, meets: np.ndarray, duration_s: float
+    req: ColumnTable, sel: np.ndarray, meets: np.ndarray, duration_s: float
 ) -> dict[str, float | int | None]:
-    ok = req["success"].to_numpy(dtype=bool) & sel
-    rejected = req["rejected_s"].notna().to_numpy() & sel
-    n_out = req["num_output_tokens"].to_numpy()
+    ok = req.array("success", bool) & sel
+    rejected = ~np.isnan(req.array("rejected_s", np.float64)) & sel
+    n_out = req.array("num_output_tokens")
     out: dict[str, float | int | None] = {
         "num_requests": int(sel.sum()),
         "completed": int(ok.sum()),
@@ -114,7 +117,7 @@ def _figures(
     }
     for key, column, mask in (("ttft", "ttft_s", ok), ("tpot", "tpot_s", ok & (n_out > 1)),
                               ("e2el", "e2el_s", ok)):
-        values = req[column].to_numpy(dtype=np.float64)[mask] * 1000
+        values = req.array(column, np.float64)[mask] * 1000
         out[f"median_{key}_ms"] = float(np.median(values)) if len(values) else None
         out[f"p99_{key}_ms"] = float(np.percentile(values, 99)) if len(values) else None
     m = meets[sel]

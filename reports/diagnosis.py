@@ -25,15 +25,18 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from reports.breakdown import breakdown_summary
+from reports.columns import ColumnTable, RunColumns, as_columns
 from reports.engine_stats import engine_stats, run_span
 from reports.meta import RunMeta, meta_dict
 from reports.stats import describe
-from reports.tables import RunTables
+
+if TYPE_CHECKING:
+    from reports.tables import RunTables
 
 VERDICTS: tuple[str, ...] = (
     "front-end-bound", "queue/KV-bound", "compute-bound", "output-bound", "healthy",
@@ -99,13 +102,14 @@ def _ms(x: float) -> str:
 
 
 def diagnose(
-    tables: RunTables,
+    tables: RunTables | RunColumns,
     meta: RunMeta | Mapping[str, Any],
     *,
     breakdown: Mapping[str, Any] | None = None,
     engine: Mapping[str, Any] | None = None,
 ) -> Diagnosis:
     """The bottleneck of the run (see the module docstring for the rules)."""
+    tables = as_columns(tables)
     meta = meta_dict(meta)
     if breakdown is None:
         breakdown = breakdown_summary(tables.requests)
@@ -127,19 +131,20 @@ def diagnose(
     return Diagnosis(verdict, text, scores, ev)
 
 
-def _nothing_completed(requests: Any) -> str:
+def _nothing_completed(requests: ColumnTable) -> str:
     """Why no request completed, naming the commonest rejection reasons (e.g. a prompt that
     exceeds max_model_len) so that a run of only failures never looks healthy."""
     text = "No request completed: nothing to diagnose."
     if "rejected_reason" not in requests or not len(requests):
         return text
-    reasons = requests["rejected_reason"].dropna()
-    reasons = reasons[reasons.astype(str) != ""]
+    rejected = requests.labels("rejected_reason")
+    reasons = rejected.strings()[rejected.codes >= 0]
+    reasons = reasons[reasons != ""]
     if not len(reasons):
         return text
     # group reasons that differ only in their numbers; show the first of each group
     groups: dict[str, list[Any]] = {}
-    for reason in reasons.astype(str):
+    for reason in reasons.tolist():
         entry = groups.setdefault(re.sub(r"\d+(\.\d+)?", "#", reason), [reason, 0])
         entry[1] += 1
     ranked = sorted(groups.values(), key=lambda e: -e[1])
@@ -165,7 +170,7 @@ def _saturated_stage(ev: Mapping[str, Any]) -> str:
 
 
 def _evidence(
-    tables: RunTables, breakdown: Mapping[str, Any], engine: Mapping[str, Any]
+    tables: RunColumns, breakdown: Mapping[str, Any], engine: Mapping[str, Any]
 ) -> dict[str, Any]:
     keys = (
         "kv_full_time_fraction", "max_kv_usage", "mean_kv_usage", "num_preemptions",
@@ -175,9 +180,9 @@ def _evidence(
     )
     ev: dict[str, Any] = {k: engine.get(k) for k in keys}
     req = tables.requests
-    ok = req["success"].to_numpy(dtype=bool)
+    ok = req.array("success", bool)
     for path in ("ttft", "e2el"):
-        d = describe(req[f"{path}_s"].to_numpy(dtype=np.float64)[ok], (99.0,))
+        d = describe(req.array(f"{path}_s", np.float64)[ok], (99.0,))
         ev[f"median_{path}_ms"] = d.median * 1000
         ev[f"p99_{path}_ms"] = d.percentiles[0][1] * 1000
     return ev

@@ -16,27 +16,29 @@ payload), so the hit rate is per prompt token at first admission.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
+from reports.columns import ColumnTable, Labels, RunColumns, as_columns
 from reports.stats import describe
-from reports.tables import RunTables
+
+if TYPE_CHECKING:
+    from reports.tables import RunTables
 
 #: KV usage at or above this counts as "full" for the diagnosis and the report.
 KV_FULL_THRESHOLD = 0.95
 _INTERVALS = ("queue_time", "prefill_time", "decode_time", "inference_time")
 
 
-def _time_weights(steps: pd.DataFrame) -> np.ndarray:
+def _time_weights(steps: ColumnTable) -> np.ndarray:
     """Seconds each step's post-update state held, until its engine's next step (last: 0)."""
-    t = steps["update_time_s"].to_numpy(dtype=np.float64)
+    t = steps.array("update_time_s", np.float64)
     if len(t) == 0:
         return np.zeros(0)
     if "replica" not in steps:
         return np.asarray(np.maximum(np.append(np.diff(t), 0.0), 0.0), dtype=np.float64)
-    replica = steps["replica"].to_numpy()
+    replica = steps.array("replica")
     order = np.lexsort((t, replica))
     ts = t[order]
     held = np.empty_like(ts)  # the gaps to the next step, worked out in place (one array)
@@ -52,16 +54,30 @@ def _time_weights(steps: pd.DataFrame) -> np.ndarray:
     return out
 
 
-def blocker_fractions(blockers: pd.Series) -> dict[str, float]:
+def blocker_fractions(blockers: Labels) -> dict[str, float]:
     """The fraction of steps per admission blocker ("" is "none"), most frequent first (ties in
     order of first appearance; missing values not counted): pandas' ``value_counts(normalize=
     True)`` of the blockers as strings, counted on their codes — no string per step (two
-    million of them at a million requests, ≈ 0.1 GB held by pyarrow's pool)."""
-    codes, uniques = pd.factorize(blockers)  # codes in order of first appearance; missing: -1
-    counts = np.bincount(codes[codes >= 0], minlength=len(uniques))
+    million of them at a million requests)."""
+    present = blockers.first_appearance()
+    counts = blockers.counts()[present]
     total = counts.sum()
-    names = ["none" if str(u) == "" else str(u) for u in np.asarray(uniques, dtype=object)]
+    names = ["none" if blockers.categories[c] == "" else blockers.categories[c]
+             for c in present.tolist()]
     return {names[i]: float(counts[i] / total) for i in np.argsort(-counts, kind="stable")}
+
+
+def _value_counts(labels: Labels) -> dict[str, int]:
+    """Rows per category, most frequent first (ties in category order; categories no row has
+    left out): pandas' ``value_counts()`` of a categorical column, without its zeros."""
+    counts = labels.counts()
+    order = np.argsort(-counts, kind="stable")
+    return {labels.categories[i]: int(counts[i]) for i in order.tolist() if counts[i]}
+
+
+def _mean(values: np.ndarray) -> float:
+    """The mean as pandas computes it for a column (summed as float64)."""
+    return float(values.sum(dtype=np.float64) / len(values))
 
 
 def _weighted_mean(x: np.ndarray, w: np.ndarray) -> float:
@@ -71,11 +87,11 @@ def _weighted_mean(x: np.ndarray, w: np.ndarray) -> float:
     return float(x.mean()) if len(x) else 0.0
 
 
-def run_span(requests: pd.DataFrame) -> tuple[float, float]:
+def run_span(requests: ColumnTable) -> tuple[float, float]:
     """(first send, last completion) over all requests: vllm bench's benchmark duration span."""
-    start = requests["arrival_s"].to_numpy(dtype=np.float64)
+    start = requests.array("arrival_s", np.float64)
     ends = np.column_stack([
-        requests[c].to_numpy(dtype=np.float64)
+        requests.array(c, np.float64)
         for c in ("last_token_delivered_s", "delivered_s", "rejected_s")
     ])
     if len(start) == 0 or np.all(np.isnan(start)):
@@ -85,29 +101,34 @@ def run_span(requests: pd.DataFrame) -> tuple[float, float]:
     return first, max(last, first)
 
 
-def engine_stats(tables: RunTables, meta: Mapping[str, Any], duration_s: float) -> dict[str, Any]:
+def engine_stats(tables: RunTables | RunColumns, meta: Mapping[str, Any], duration_s: float
+                 ) -> dict[str, Any]:
     """The engine section of the summary (times in ms, fractions in [0, 1])."""
+    tables = as_columns(tables)
     steps, req = tables.steps, tables.requests
     w = _time_weights(steps)
-    kv = steps["kv_usage"].to_numpy(dtype=np.float64)
-    running = steps["num_running"].to_numpy(dtype=np.float64)
-    waiting = steps["num_waiting"].to_numpy(dtype=np.float64)
-    cost = steps["cost_s"].to_numpy(dtype=np.float64)
+    kv = steps.array("kv_usage", np.float64)
+    running = steps.array("num_running", np.float64)
+    waiting = steps.array("num_waiting", np.float64)
+    cost = steps.array("cost_s", np.float64)
     step = describe(cost, (50.0, 99.0))
-    first_adm = ~np.isnan(req["scheduled_s"].to_numpy(dtype=np.float64))
-    queries = int(req["num_prompt_tokens"].to_numpy()[first_adm].sum())
-    hits = int(req["prefix_hit_tokens"].to_numpy()[first_adm].sum())
-    num_replicas = int(steps["replica"].nunique()) if "replica" in steps and len(steps) else 1
+    first_adm = ~np.isnan(req.array("scheduled_s", np.float64))
+    queries = int(req.array("num_prompt_tokens")[first_adm].sum())
+    hits = int(req.array("prefix_hit_tokens")[first_adm].sum())
+    num_replicas = (len(np.unique(steps.array("replica"))) if "replica" in steps and len(steps)
+                    else 1)
+    preemptions = req.array("num_preemptions")
+    batch, tokens = steps.array("num_reqs"), steps.array("num_tokens")
     out: dict[str, Any] = {
         "num_replicas": num_replicas,  # data-parallel engines; per-step stats are per engine
         "num_steps": len(steps),
-        "num_preemptions": int(req["num_preemptions"].sum()),
-        "num_preempted_requests": int((req["num_preemptions"] > 0).sum()),
-        "num_rejected": int(req["rejected_s"].notna().sum()),
-        "mean_batch_size": float(steps["num_reqs"].mean()) if len(steps) else 0.0,
-        "max_batch_size": int(steps["num_reqs"].max()) if len(steps) else 0,
-        "mean_scheduled_tokens": float(steps["num_tokens"].mean()) if len(steps) else 0.0,
-        "max_scheduled_tokens": int(steps["num_tokens"].max()) if len(steps) else 0,
+        "num_preemptions": int(preemptions.sum()),
+        "num_preempted_requests": int((preemptions > 0).sum()),
+        "num_rejected": int((~np.isnan(req.array("rejected_s", np.float64))).sum()),
+        "mean_batch_size": _mean(batch) if len(steps) else 0.0,
+        "max_batch_size": int(batch.max()) if len(steps) else 0,
+        "mean_scheduled_tokens": _mean(tokens) if len(steps) else 0.0,
+        "max_scheduled_tokens": int(tokens.max()) if len(steps) else 0,
         "mean_step_time_ms": step.mean * 1000,
         "median_step_time_ms": step.median * 1000,
         "p99_step_time_ms": step.percentiles[1][1] * 1000,
@@ -125,14 +146,12 @@ def engine_stats(tables: RunTables, meta: Mapping[str, Any], duration_s: float) 
         "prefix_cache_queries_tokens": queries,
         "prefix_cache_hits_tokens": hits,
         "prefix_cache_hit_rate": hits / queries if queries else 0.0,
-        "admission_blocker_step_fractions": blocker_fractions(steps["admission_blocker"]),
-        "finish_reasons": {
-            str(k): int(v) for k, v in req["finish_reason"].value_counts().items() if v
-        },
+        "admission_blocker_step_fractions": blocker_fractions(steps.labels("admission_blocker")),
+        "finish_reasons": _value_counts(req.labels("finish_reason")),
     }
-    ok = req["success"].to_numpy(dtype=bool)
+    ok = req.array("success", bool)
     for name in _INTERVALS:
-        d = describe(req[f"{name}_s"].to_numpy(dtype=np.float64)[ok], (99.0,))
+        d = describe(req.array(f"{name}_s", np.float64)[ok], (99.0,))
         out[f"mean_{name}_ms"] = d.mean * 1000
         out[f"median_{name}_ms"] = d.median * 1000
         out[f"p99_{name}_ms"] = d.percentiles[0][1] * 1000
@@ -141,7 +160,7 @@ def engine_stats(tables: RunTables, meta: Mapping[str, Any], duration_s: float) 
 
 
 def utilisation(
-    tables: RunTables, meta: Mapping[str, Any], duration_s: float
+    tables: RunColumns, meta: Mapping[str, Any], duration_s: float
 ) -> dict[str, float | int | None]:
     """Busy fractions of the front end (per API server) and of the output processor.
 
@@ -154,7 +173,7 @@ def utilisation(
     num_api = int(frontend_cfg.get("num_api_servers") or meta.get("num_api_servers") or 1)
     api_busy = stats.get("api_server_busy_s")
     if api_busy is None:
-        api_busy = float(np.nansum(tables.requests["seg_frontend_cpu_s"].to_numpy()))
+        api_busy = float(np.nansum(tables.requests.array("seg_frontend_cpu_s")))
     out_busy = stats.get("output_processor_busy_s")
     if duration_s <= 0:
         return {"num_api_servers": num_api, "frontend_utilization": 0.0,

@@ -15,11 +15,15 @@ every bucket from its send second to its completion second inclusive.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
-from reports.tables import RunTables, step_lookup
+from reports.columns import ColumnTable, RunColumns, as_columns
+from reports.tables import step_lookup
+
+if TYPE_CHECKING:
+    from reports.tables import RunTables
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,20 +34,21 @@ class PooledITL:
     weights: np.ndarray  # int64 number of gaps of that length
 
 
-def _runs_of(tables: RunTables, mask: np.ndarray | None) -> pd.DataFrame:
+def _runs_of(tables: RunColumns, mask: np.ndarray | None) -> ColumnTable:
     runs = tables.token_runs
     if mask is None:
         return runs
-    return runs[mask[runs["req_index"].to_numpy()]]
+    return runs.take(mask[runs.array("req_index")])
 
 
-def pooled_itls(tables: RunTables, mask: np.ndarray | None = None) -> PooledITL:
+def pooled_itls(tables: RunTables | RunColumns, mask: np.ndarray | None = None) -> PooledITL:
     """The pooled ITLs of the requests where ``mask`` (per req_index) is True (all if None)."""
+    tables = as_columns(tables)
     runs = _runs_of(tables, mask)
     delivered = step_lookup(tables.steps, "delivered_time_s")
-    req = runs["req_index"].to_numpy()
-    first = runs["first_step"].to_numpy()
-    count = runs["num_tokens"].to_numpy()
+    req = runs.array("req_index")
+    first = runs.array("first_step")
+    count = runs.array("num_tokens")
     size = len(delivered)
     # inside runs: gap (s, s+1) for s in [first, first + count - 2] (temporaries are let go
     # as soon as they are used: a million-request run's report peaks here)
@@ -72,16 +77,17 @@ def pooled_itls(tables: RunTables, mask: np.ndarray | None = None) -> PooledITL:
     return PooledITL(values, weights)
 
 
-def per_request_itls(tables: RunTables, mask: np.ndarray) -> list[list[float]]:
+def per_request_itls(tables: RunTables | RunColumns, mask: np.ndarray) -> list[list[float]]:
     """vllm bench's ``itls`` detail: one list of gaps (s) per request where ``mask`` is True.
 
     Expands every token, so it is only computed on request (``detailed=True``).
     """
+    tables = as_columns(tables)
     runs = _runs_of(tables, mask)
     delivered = step_lookup(tables.steps, "delivered_time_s")
-    count = runs["num_tokens"].to_numpy()
-    req = np.repeat(runs["req_index"].to_numpy(), count)
-    starts = np.repeat(runs["first_step"].to_numpy(), count)
+    count = runs.array("num_tokens")
+    req = np.repeat(runs.array("req_index"), count)
+    starts = np.repeat(runs.array("first_step"), count)
     offsets = np.arange(len(req)) - np.repeat(np.cumsum(count) - count, count)
     times = delivered[starts + offsets]
     gaps = np.diff(times)
@@ -93,24 +99,25 @@ def per_request_itls(tables: RunTables, mask: np.ndarray) -> list[list[float]]:
     return [chunk.tolist() for chunk in np.split(kept, bounds[:-1])] if len(selected) else []
 
 
-def per_second_peaks(tables: RunTables, mask: np.ndarray) -> tuple[float, int]:
+def per_second_peaks(tables: RunTables | RunColumns, mask: np.ndarray) -> tuple[float, int]:
     """(max_output_tokens_per_s, max_concurrent_requests) as vllm bench computes them."""
+    tables = as_columns(tables)
     req = tables.requests
     if not mask.any():
         return 0.0, 0
-    start = req["arrival_s"].to_numpy()[mask]
-    end = req["last_token_delivered_s"].to_numpy()[mask]
+    start = req.array("arrival_s")[mask]
+    end = req.array("last_token_delivered_s")[mask]
     t0 = float(start.min())
     num_buckets = np.ceil(float(end.max()) - t0) + 1  # seconds the run spans (a float: a
     # trace stretched by a tiny rate may span more seconds than an array could hold, so
     # both peaks are computed over the occupied seconds only)
     # tokens: per step, the number of selected requests that got a token in it
     runs = tables.token_runs
-    selected = mask[runs["req_index"].to_numpy()]  # the selected requests' runs (no table copy)
+    selected = mask[runs.array("req_index")]  # the selected requests' runs (no table copy)
     delivered = step_lookup(tables.steps, "delivered_time_s")
     num_steps = len(delivered)
-    first = runs["first_step"].to_numpy()[selected]
-    stop = first + runs["num_tokens"].to_numpy()[selected]
+    first = runs.array("first_step")[selected]
+    stop = first + runs.array("num_tokens")[selected]
     del selected
     cover = np.bincount(first, minlength=num_steps + 1).astype(np.int64)
     del first

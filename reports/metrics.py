@@ -27,12 +27,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from reports.breakdown import breakdown_summary
 from reports.classes import group_breakdown
+from reports.columns import RunColumns, as_columns
 from reports.diagnosis import diagnose
 from reports.engine_stats import engine_stats, run_span
 from reports.itl import per_request_itls, per_second_peaks, pooled_itls
@@ -51,7 +52,9 @@ from reports.stats import (
 
 # Re-exported: the printed summary is part of this module's interface.
 from reports.stats import format_summary as format_summary
-from reports.tables import RunTables
+
+if TYPE_CHECKING:
+    from reports.tables import RunTables
 
 
 def _encode_rate(rate: Any) -> float | str | None:
@@ -113,22 +116,24 @@ def _metric_fields(d: Describe, key: str) -> dict[str, float | None]:
     return out
 
 
-def metric_describes(tables: RunTables, percentiles: Sequence[float]) -> dict[str, Describe]:
+def metric_describes(tables: RunTables | RunColumns, percentiles: Sequence[float]
+                     ) -> dict[str, Describe]:
     """TTFT, TPOT, ITL and E2EL aggregates (seconds) over successful requests."""
+    tables = as_columns(tables)
     req = tables.requests
-    ok = req["success"].to_numpy(dtype=bool)
-    n_out = req["num_output_tokens"].to_numpy()
+    ok = req.array("success", bool)
+    n_out = req.array("num_output_tokens")
     itl = pooled_itls(tables, ok)
     return {
-        "ttft": describe(req["ttft_s"].to_numpy(dtype=np.float64)[ok], percentiles),
-        "tpot": describe(req["tpot_s"].to_numpy(dtype=np.float64)[ok & (n_out > 1)], percentiles),
+        "ttft": describe(req.array("ttft_s", np.float64)[ok], percentiles),
+        "tpot": describe(req.array("tpot_s", np.float64)[ok & (n_out > 1)], percentiles),
         "itl": describe_weighted(itl.values, itl.weights, percentiles),
-        "e2el": describe(req["e2el_s"].to_numpy(dtype=np.float64)[ok], percentiles),
+        "e2el": describe(req.array("e2el_s", np.float64)[ok], percentiles),
     }
 
 
 def summarize(
-    tables: RunTables,
+    tables: RunTables | RunColumns,
     meta: RunMeta | Mapping[str, Any],
     *,
     goodput: Mapping[str, float] | None = None,
@@ -136,23 +141,25 @@ def summarize(
     percentile_metrics: Sequence[str] = DEFAULT_PERCENTILE_METRICS,
     detailed: bool = False,
 ) -> dict[str, Any]:
-    """The summary dict (``summary.json``) of one run; see the module docstring."""
+    """The summary dict (``summary.json``) of one run (from its tables as columns or as
+    DataFrames: the same summary); see the module docstring."""
+    tables = as_columns(tables)
     meta = meta_dict(meta)
     percentiles = parse_percentiles(percentiles)
     selected = parse_percentile_metrics(percentile_metrics)
     check_goodput(goodput)
     goodput = dict(goodput or {})
     req = tables.requests
-    ok = req["success"].to_numpy(dtype=bool)
+    ok = req.array("success", bool)
     start, end = run_span(req)
     duration = end - start
     dur = duration if duration > 0 else math.nan
     completed = int(ok.sum())
-    total_in = int(req["num_prompt_tokens"].to_numpy()[ok].sum())
-    total_out = int(req["num_output_tokens"].to_numpy()[ok].sum())
-    ttft = req["ttft_s"].to_numpy(dtype=np.float64)[ok]
-    e2el = req["e2el_s"].to_numpy(dtype=np.float64)[ok]
-    all_tpot = np.nan_to_num(req["tpot_s"].to_numpy(dtype=np.float64)[ok], nan=0.0)
+    total_in = int(req.array("num_prompt_tokens")[ok].sum())
+    total_out = int(req.array("num_output_tokens")[ok].sum())
+    ttft = req.array("ttft_s", np.float64)[ok]
+    e2el = req.array("e2el_s", np.float64)[ok]
+    all_tpot = np.nan_to_num(req.array("tpot_s", np.float64)[ok], nan=0.0)
     good = int(goodput_mask(ttft, all_tpot, e2el, goodput).sum()) if goodput else 0
     peak_tokens, peak_conc = per_second_peaks(tables, ok)
     out = header_fields(meta, len(req))
@@ -185,7 +192,7 @@ def summarize(
 
 
 def _own_fields(
-    tables: RunTables,
+    tables: RunColumns,
     meta: Mapping[str, Any],
     goodput: Mapping[str, float],
     ttft: np.ndarray,
@@ -219,22 +226,22 @@ def _own_fields(
     }
 
 
-def _details(tables: RunTables, ok: np.ndarray) -> dict[str, Any]:
+def _details(tables: RunColumns, ok: np.ndarray) -> dict[str, Any]:
     """vllm's ``--save-detailed`` arrays (seconds), one entry per request in req order."""
     req = tables.requests
     itls: list[list[float]] = [[] for _ in range(len(req))]
     for i, gaps in zip(np.flatnonzero(ok).tolist(), per_request_itls(tables, ok), strict=True):
         itls[i] = gaps
     zero = np.zeros(len(req))
-    errors = req["rejected_reason"].astype(object).where(
-        req["rejected_reason"].notna(), req["finish_reason"].astype(object)
-    )
+    rejected = req.labels("rejected_reason")  # else the finish reason ("nan": neither)
+    errors = np.where(rejected.codes >= 0, rejected.strings(),
+                      req.labels("finish_reason").strings(missing="nan"))
     return {
-        "input_lens": req["num_prompt_tokens"].tolist(),
-        "output_lens": np.where(ok, req["num_output_tokens"], 0).tolist(),
-        "ttfts": np.where(ok, req["ttft_s"], zero).tolist(),
+        "input_lens": req.array("num_prompt_tokens").tolist(),
+        "output_lens": np.where(ok, req.array("num_output_tokens"), 0).tolist(),
+        "ttfts": np.where(ok, req.array("ttft_s"), zero).tolist(),
         "itls": itls,
-        "latencies": np.where(ok, req["e2el_s"], zero).tolist(),
-        "start_times": req["arrival_s"].tolist(),
+        "latencies": np.where(ok, req.array("e2el_s"), zero).tolist(),
+        "start_times": req.array("arrival_s").tolist(),
         "errors": ["" if good else str(e) for good, e in zip(ok, errors, strict=True)],
     }

@@ -1,19 +1,20 @@
 """Write a run directory from a second process that prepares while the run itself goes on.
 
-The report stack (pandas, pyarrow, ``reports``) takes ≈ 0.2 s of CPU to import, about as long
-as the whole simulation of a small run. ``ReportProcess.start()``, called before a run, forks a
-process that imports it meanwhile on another core (``_no_collections_while_importing``) and
-then waits; after the run, ``write`` sends it the event log (``EventLog.export()``, a column
-at a time: typed arrays as their raw bytes, not pickled — placed in a memory file both
-processes hold and mapped there, where the system has one; ``send_export``) and the run's
-*staging* directory, and it builds the tables and writes the run's files there exactly as
-``reports.run_dir.write_run_files`` does in-process (it is that function), returning what it
-wrote and the printed summary. A log of more than ``MAX_STEPS_COPIED`` steps is handed over
-rather than copied (the run keeps none of it), and the process frees each part of it once its
-tables are built: a million-request run never holds its log and its tables together (its
-columns go down the connection, not through the memory file, which would hold them all). The run
-itself commits the directory: a report process never publishes one, and it dies with the run
-(``engine.process_guard.die_with_parent``), so an orphan can neither finish nor publish.
+The report stack (pyarrow and ``reports``; not pandas, which only plots and CSV files need:
+``reports.columns``) takes about as long to import as the whole simulation of a small run.
+``ReportProcess.start()``, called before a run, forks a process that imports it meanwhile on
+another core (``_no_collections_while_importing``) and then waits; after the run, ``write``
+sends it the event log (``EventLog.export()``, a column at a time: typed arrays as their raw
+bytes, not pickled — placed in a memory file both processes hold and mapped there, where the
+system has one; ``send_export``) and the run's *staging* directory, and it builds the tables
+and writes the run's files there exactly as ``reports.run_dir.write_run_files`` does in-process
+(it is that function), returning what it wrote and the printed summary. A log of more than
+``MAX_STEPS_COPIED`` steps is handed over rather than copied (the run keeps none of it), and
+the process frees each part of it once its tables are built: a million-request run never holds
+its log and its tables together (its columns go down the connection, not through the memory
+file, which would hold them all). The run itself commits the directory: a report process never
+publishes one, and it dies with the run (``engine.process_guard.die_with_parent``), so an
+orphan can neither finish nor publish.
 
 It is an optimisation only, so it steps aside whenever it would not help or might not work:
 ``start`` returns None where ``fork`` is unavailable, when the report stack is already imported
@@ -182,7 +183,7 @@ def _serve(conn: Connection, parent_end: Connection | None = None,
             from reports.errors import ReportError
             from reports.metrics import format_summary
             from reports.run_dir import write_run_files
-            from reports.tables import ExportedLog, build_tables
+            from reports.tables import ExportedLog, build_columns
     except BaseException:
         _reply(conn, "crash", traceback.format_exc())
         return
@@ -198,7 +199,7 @@ def _serve(conn: Connection, parent_end: Connection | None = None,
         if shared_fd is not None:
             os.close(shared_fd)  # the columns' mappings keep what they map
     try:
-        tables = build_tables(ExportedLog(exported, owned=True))  # frees the log as it goes
+        tables = build_columns(ExportedLog(exported, owned=True))  # frees the log as it goes
         del exported
         written = write_run_files(
             Path(out_dir), tables, meta, goodput=options.goodput,
@@ -217,12 +218,12 @@ def _no_collections_while_importing(forked: bool) -> Iterator[None]:
     """In the forked report process (``forked``), import the report stack with the cyclic
     garbage collector off, then freeze what the process holds — the modules' objects and
     those inherited from the command that forked it, alive as long as the process — and
-    turn the collector back on. Importing pandas and pyarrow creates ≈ 10⁵ objects, which
+    turn the collector back on. Importing the report stack creates many objects, which
     the collector, counting allocations, would walk many times over (writing to inherited
-    pages too); frozen, its later collections skip them. On Vidur's stream the import phase
-    took 0.175–0.182 s of CPU instead of 0.210–0.220 s (6 alternated pairs). A collector the
-    process had turned off stays off; elsewhere (a thread in tests) it is not this
-    function's to change."""
+    pages too); frozen, its later collections skip them. On Vidur's stream (when the stack
+    still held pandas) the import phase took 0.175–0.182 s of CPU instead of 0.210–0.220 s
+    (6 alternated pairs). A collector the process had turned off stays off; elsewhere (a
+    thread in tests) it is not this function's to change."""
     if not forked:
         yield
         return

@@ -29,70 +29,50 @@ import shutil
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-import pandas as pd
 
 from engine.core.errors import UserError
 from engine.core.events import STEP_COLUMNS, EventLog
 from engine.output_dir import OutputDir, read_manifest, verify_files
 from engine.paths import input_dir
+from reports.columns import RunColumns, as_columns
 from reports.errors import ReportError
 from reports.meta import RunMeta, meta_dict, read_json, token_budget, write_json
 from reports.metrics import summarize
+from reports.parquet import write_parquet
 from reports.stats import DEFAULT_PERCENTILE_METRICS, DEFAULT_PERCENTILES
-from reports.tables import STAGE_COLUMNS, RunTables, build_tables
+from reports.tables import STAGE_COLUMNS, RunTables, build_columns
 from reports.written import WrittenRun, commit_run
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 TABLES: tuple[str, ...] = ("requests", "steps", "token_runs")
 FileFormat = Literal["parquet", "csv"]
 
 
-#: Rows per Parquet row group: a table is converted to Arrow one slice at a time, so writing a
-#: million-request run never holds a second, Arrow copy of a whole table.
-PARQUET_ROW_GROUP_ROWS = 131_072
-
-
-def write_parquet(path: Path, df: pd.DataFrame) -> None:
-    """``df`` as Parquet (no index), converted and written in row groups of at most
-    ``PARQUET_ROW_GROUP_ROWS`` rows; reads back equal to ``df.reset_index(drop=True)``.
-
-    Each slice is converted in this thread (``nthreads=1``): pyarrow would hand the columns
-    of a slice this large to its thread pool, and for numeric columns and a few categoricals
-    the hand-offs cost more CPU than they spread (the report process of Vidur's stream:
-    ≈ 6 ms less, 6 alternated pairs; the same files)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    first = pa.Table.from_pandas(df.iloc[:PARQUET_ROW_GROUP_ROWS], preserve_index=False,
-                                 nthreads=1)
-    # Dictionary-encode only the categorical columns: trying it on the float and id columns
-    # (pyarrow's default) costs ~4x the write time and makes the file larger.
-    dictionary = [str(c) for c, t in df.dtypes.items() if isinstance(t, pd.CategoricalDtype)]
-    with pq.ParquetWriter(path, first.schema, use_dictionary=dictionary) as writer:
-        writer.write_table(first)
-        del first
-        for start in range(PARQUET_ROW_GROUP_ROWS, len(df), PARQUET_ROW_GROUP_ROWS):
-            part = df.iloc[start : start + PARQUET_ROW_GROUP_ROWS]
-            writer.write_table(pa.Table.from_pandas(part, schema=writer.schema,
-                                                    preserve_index=False, nthreads=1))
-
-
-def write_tables(out_dir: str | Path, tables: RunTables, file_format: FileFormat
+def write_tables(out_dir: str | Path, tables: RunTables | RunColumns, file_format: FileFormat
                  ) -> dict[str, int]:
-    """The three tables into ``out_dir``; {file name: row count}."""
+    """The three tables into ``out_dir``; {file name: row count}. Parquet is written from the
+    tables' columns (``reports.parquet``: no pandas), CSV from their DataFrames."""
     d = Path(out_dir)
     rows = {}
-    for name in TABLES:
-        df: pd.DataFrame = getattr(tables, name)
-        if file_format == "parquet":
-            write_parquet(d / f"{name}.parquet", df)
-        elif file_format == "csv":
+    if file_format == "parquet":
+        columns = as_columns(tables)
+        for name in TABLES:
+            table = getattr(columns, name)
+            write_parquet(d / f"{name}.parquet", table)
+            rows[f"{name}.parquet"] = len(table)
+    elif file_format == "csv":
+        frames = tables.to_frames() if isinstance(tables, RunColumns) else tables
+        for name in TABLES:
+            df = getattr(frames, name)
             df.to_csv(d / f"{name}.csv", index=False)
-        else:
-            raise ReportError(f"unknown file format {file_format!r}: use parquet or csv")
-        rows[f"{name}.{file_format}"] = len(df)
+            rows[f"{name}.csv"] = len(df)
+    else:
+        raise ReportError(f"unknown file format {file_format!r}: use parquet or csv")
     return rows
 
 
@@ -138,6 +118,8 @@ def _is_count(column: str) -> bool:
 
 
 def _read_table_file(path: Path) -> pd.DataFrame:
+    import pandas as pd
+
     if path.suffix == ".parquet":
         return pd.read_parquet(path)
     df = pd.read_csv(path, dtype={"req_id": str, "tenant": str, "slo_class": str})
@@ -160,6 +142,8 @@ def _labels(column: pd.Series) -> pd.Categorical:
     """A text column read from CSV as categories, "" where it was empty. A column empty
     throughout reads back as float NaN: made text first (filling a float column with "" is
     deprecated in pandas)."""
+    import pandas as pd
+
     text = column.astype(object)
     return pd.Categorical(text.where(text.notna(), "").astype(str))
 
@@ -235,6 +219,8 @@ def read_json_object(path: Path) -> dict[str, Any]:
 def check_tables(d: Path, tables: RunTables) -> None:
     """The cross-table facts every report relies on: requests numbered 0..n-1, token runs of
     known requests and steps, numeric times; a table that breaks them is refused."""
+    import pandas as pd
+
     req, steps, runs = tables.requests, tables.steps, tables.token_runs
     n = len(req)
     if n == 0:
@@ -278,7 +264,7 @@ def report_options_dict(goodput: Mapping[str, float] | None, percentiles: Sequen
 
 def write_report_files(
     out_dir: str | Path,
-    tables: RunTables,
+    tables: RunTables | RunColumns,
     meta: Mapping[str, Any],
     *,
     goodput: Mapping[str, float] | None,
@@ -300,14 +286,15 @@ def write_report_files(
     if plots:
         from reports.plots import plot_run
 
-        pngs = plot_run(tables, summary, d / "plots", token_budget(meta))
+        frames = tables.to_frames() if isinstance(tables, RunColumns) else tables
+        pngs = plot_run(frames, summary, d / "plots", token_budget(meta))
     write_report(d, summary, meta, pngs)
     return summary
 
 
 def write_run_files(
     out_dir: str | Path,
-    tables: RunTables,
+    tables: RunTables | RunColumns,
     meta: RunMeta | Mapping[str, Any],
     *,
     goodput: Mapping[str, float] | None = None,
@@ -353,7 +340,7 @@ def write_run_dir(
 ) -> dict[str, Any]:
     """Write a complete run directory for ``log`` (see the module docstring); the summary."""
     return write_run_dir_from_tables(
-        out_dir, build_tables(log), meta, goodput=goodput, percentiles=percentiles,
+        out_dir, build_columns(log), meta, goodput=goodput, percentiles=percentiles,
         percentile_metrics=percentile_metrics, plots=plots, file_format=file_format,
         detailed=detailed,
     )
@@ -361,7 +348,7 @@ def write_run_dir(
 
 def write_run_dir_from_tables(
     out_dir: str | Path,
-    tables: RunTables,
+    tables: RunTables | RunColumns,
     meta: RunMeta | Mapping[str, Any],
     *,
     goodput: Mapping[str, float] | None = None,

@@ -1,8 +1,10 @@
-"""The event log as three DataFrames: one row per request, per engine step, per token run.
+"""The event log as three tables: one row per request, per engine step, per token run.
 
-``build_tables(log)`` is the only place that reads an ``EventLog``; everything else in
-``reports`` works on ``RunTables``, which a run directory stores and loads back unchanged, so a
-report rebuilt from files equals the one written at the end of the run.
+``build_columns(log)`` is the only place that reads an ``EventLog``: it builds the tables as
+numpy columns (``reports.columns.RunColumns``), which the summary reads and a run directory
+stores; ``build_tables(log)`` gives them as pandas DataFrames (``RunTables``), as a run
+directory loads them back, so a report rebuilt from files equals the one written at the end of
+the run.
 
 Invariants (each checked by tests):
 
@@ -27,10 +29,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from engine.core.events import STEP_COLUMNS, EventKind, EventLog
 from reports.breakdown import segment_columns
+from reports.columns import Column, ColumnTable, Labels, OptionalInts, RunColumns
+
+# Re-exported: the DataFrame tables are built here (``build_tables``), as they always were.
+from reports.columns import RunTables as RunTables
 
 #: Finish reasons that count as a successful request (vllm bench: the stream completed).
 SUCCESS_REASONS: frozenset[str] = frozenset({"stop", "length", "repetition"})
@@ -96,15 +101,6 @@ class ExportedLog:
 RunLog = EventLog | ExportedLog
 
 
-@dataclass(frozen=True, eq=False)
-class RunTables:
-    """A run's per-request, per-step and per-token-run tables (see the module invariants)."""
-
-    requests: pd.DataFrame  # one row per request
-    steps: pd.DataFrame  # one row per engine step, + delivered_time_s
-    token_runs: pd.DataFrame  # req_index, first_step, num_tokens
-
-
 @dataclass(frozen=True, slots=True)
 class _Events:
     """The stage events as numpy columns."""
@@ -115,54 +111,53 @@ class _Events:
     payload: list[int | str | None]
 
 
-def build_tables(log: RunLog) -> RunTables:
-    """The three tables of ``log`` (copies: the log may keep growing afterwards)."""
+def build_columns(log: RunLog) -> RunColumns:
+    """The three tables of ``log`` as columns (copies: the log may keep growing afterwards)."""
     steps = build_steps(log)
     runs = build_token_runs(log)
     requests = build_requests(log, steps, runs)
-    return RunTables(requests, steps, runs)
+    return RunColumns(requests, steps, runs)
 
 
-def take_tables(log: RunLog) -> RunTables:
-    """``build_tables`` for a log its caller is done with: an ``EventLog``'s storage is moved
+def take_columns(log: RunLog) -> RunColumns:
+    """``build_columns`` for a log its caller is done with: an ``EventLog``'s storage is moved
     out (``take_export``: the log is left empty) and freed part by part as the tables are
     built, so that a long run's log and its tables are never held whole together."""
     if isinstance(log, EventLog):
-        return build_tables(ExportedLog(log.take_export(), owned=True))
-    return build_tables(log)
+        return build_columns(ExportedLog(log.take_export(), owned=True))
+    return build_columns(log)
 
 
-def build_steps(log: RunLog) -> pd.DataFrame:
+def build_tables(log: RunLog) -> RunTables:
+    """The three tables of ``log`` as DataFrames (``build_columns``, converted)."""
+    return build_columns(log).to_frames()
+
+
+def build_steps(log: RunLog) -> ColumnTable:
     """One row per step, sorted by ``step_id``, with ``delivered_time_s`` (NaN: no outputs)."""
     cols = log.steps_columns()
     owned = isinstance(log, ExportedLog) and log.owned  # its typed columns may become ours
-    data: dict[str, object] = {}
+    data: dict[str, Column] = {}
     for name in STEP_COLUMNS:
         col = cols.pop(name) if owned else cols[name]  # type: ignore[attr-defined]
         if name == "admission_blocker":
-            data[name] = _categorical(col)  # type: ignore[arg-type]
+            data[name] = Labels.sorted_from(col)  # type: ignore[arg-type]
         else:  # the log's compact types (a mapped column's own; a list's as floats)
             dtype = col.dtype if isinstance(col, np.ndarray) else np.dtype(
                 getattr(col, "typecode", "d"))
             data[name] = _view_array(col, dtype) if owned else _copy_array(col, dtype)
         del col
-    steps = pd.DataFrame(data, copy=False)  # fresh arrays: no consolidating copy
-    if len(steps) and not steps["step_id"].is_monotonic_increasing:
-        steps = steps.sort_values("step_id", kind="stable", ignore_index=True)
+    step_ids = data["step_id"]
+    assert isinstance(step_ids, np.ndarray)
+    if len(step_ids) > 1 and not (step_ids[1:] >= step_ids[:-1]).all():
+        order = np.argsort(step_ids, kind="stable")
+        data = dict(ColumnTable(data).take(order).columns)
+        step_ids = step_ids[order]
     delivered = log.delivered_columns()
     ids = np.asarray(delivered["step_id"], dtype=np.int64)
     times = np.asarray(delivered["time_s"], dtype=np.float64)
-    steps["delivered_time_s"] = _by_step(steps["step_id"].to_numpy(), ids, times)
-    return steps
-
-
-def _categorical(values: list[str]) -> pd.Categorical:
-    """``pd.Categorical(values)`` (categories sorted), built from codes: a few distinct values
-    repeated once per step are coded in C instead of converted one string at a time."""
-    categories = sorted(set(values))
-    code_of = {v: i for i, v in enumerate(categories)}
-    codes = np.fromiter(map(code_of.__getitem__, values), dtype=np.int32, count=len(values))
-    return pd.Categorical.from_codes(codes, categories=categories)
+    data["delivered_time_s"] = _by_step(step_ids, ids, times)
+    return ColumnTable(data)
 
 
 def _by_step(step_ids: np.ndarray, ids: np.ndarray, times: np.ndarray) -> np.ndarray:
@@ -182,45 +177,44 @@ def _by_step(step_ids: np.ndarray, ids: np.ndarray, times: np.ndarray) -> np.nda
     return out
 
 
-def build_token_runs(log: RunLog) -> pd.DataFrame:
+def build_token_runs(log: RunLog) -> ColumnTable:
     """Token runs sorted by (req_index, first_step)."""
     runs = log.token_runs()
     req = _copy_array(runs["req_index"], np.int64)
     first = _copy_array(runs["first_step"], np.int64)
     count = _copy_array(runs["num_tokens"], np.int64)
     order = np.lexsort((first, req))
-    return pd.DataFrame(
-        {"req_index": req[order], "first_step": first[order], "num_tokens": count[order]},
-        copy=False,
-    )
+    return ColumnTable(
+        {"req_index": req[order], "first_step": first[order], "num_tokens": count[order]})
 
 
-def step_lookup(steps: pd.DataFrame, column: str) -> np.ndarray:
+def step_lookup(steps: ColumnTable, column: str) -> np.ndarray:
     """``column`` as a dense array indexed by step_id (NaN where no such step)."""
-    ids = steps["step_id"].to_numpy()
+    ids = steps.array("step_id")
     size = int(ids.max()) + 1 if len(ids) else 0
     out = np.full(size, np.nan)
-    out[ids] = steps[column].to_numpy(dtype=np.float64)
+    out[ids] = steps.array(column, np.float64)
     return out
 
 
-def build_requests(log: RunLog, steps: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+def build_requests(log: RunLog, steps: ColumnTable, runs: ColumnTable) -> ColumnTable:
     """One row per request: stage times, token counts, derived metrics, breakdown segments."""
     n = len(log.req_ids)
     # the log is read first (an owned export is freed as it is read), then the tables
     req_ids = log.take_req_ids() if isinstance(log, ExportedLog) else log.req_ids
-    req_id = pd.array(req_ids, dtype="str")
+    req_id = np.empty(n, dtype=object)
+    req_id[:] = req_ids
     del req_ids
     per_event = _event_columns(log, n)
     times = {name: per_event.pop(name) for name in STAGE_COLUMNS}
     tokens = _token_columns(steps, runs, n)
-    finish = per_event["finish_reason"]
+    finish: Labels = per_event["finish_reason"]
     success = (
-        np.asarray(finish.isin(list(SUCCESS_REASONS)), dtype=bool)
+        np.isin(finish.codes, [finish.code_of(r) for r in sorted(SUCCESS_REASONS)])
         & np.isnan(times["rejected_s"])
         & (tokens["num_output_tokens"] > 0)
     )
-    cols: dict[str, object] = {
+    cols: dict[str, Column] = {
         "req_index": np.arange(n, dtype=np.int64),
         "req_id": req_id,
         "success": success,
@@ -235,16 +229,14 @@ def build_requests(log: RunLog, steps: pd.DataFrame, runs: pd.DataFrame) -> pd.D
     del per_event
     cols.update(times)
     if "replica" in steps:  # data-parallel engines: the one that produced the tokens
-        cols["replica"] = pd.array(tokens["replica"], dtype="Int64")
+        cols["replica"] = OptionalInts(tokens["replica"])
     cols.update(_label_columns(log, n))
     cols["last_token_s"] = tokens["last_token_s"]
     cols["first_token_delivered_s"] = tokens["first_token_delivered_s"]
     cols["last_token_delivered_s"] = tokens["last_token_delivered_s"]
     cols.update(_derived(cols, tokens["num_output_tokens"]))
     cols.update(segment_columns(cols, steps))
-    # the columns are fresh arrays: without copy=False pandas would consolidate the ~40 float
-    # columns into one 2-D block, a transient second copy of the table (≈0.3 GB at 1M requests)
-    return pd.DataFrame(cols, copy=False)
+    return ColumnTable(cols)
 
 
 def _event_columns(log: RunLog, n: int) -> dict[str, Any]:
@@ -262,9 +254,9 @@ def _event_columns(log: RunLog, n: int) -> dict[str, Any]:
     return out
 
 
-def _derived(cols: dict[str, object], num_output: np.ndarray) -> dict[str, np.ndarray]:
+def _derived(cols: dict[str, Column], num_output: np.ndarray) -> dict[str, np.ndarray]:
     """TTFT, TPOT, E2EL (client side) and vLLM's engine-side request intervals."""
-    c = {k: np.asarray(v) for k, v in cols.items() if k.endswith("_s")}
+    c = {k: v for k, v in cols.items() if k.endswith("_s") and isinstance(v, np.ndarray)}
     ttft = c["first_token_delivered_s"] - c["arrival_s"]
     e2el = c["last_token_delivered_s"] - c["arrival_s"]
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -280,13 +272,13 @@ def _derived(cols: dict[str, object], num_output: np.ndarray) -> dict[str, np.nd
     }
 
 
-def _token_columns(steps: pd.DataFrame, runs: pd.DataFrame, n: int) -> dict[str, np.ndarray]:
+def _token_columns(steps: ColumnTable, runs: ColumnTable, n: int) -> dict[str, np.ndarray]:
     """Per request: output tokens, engine time of the last token, first/last delivery times,
     and the replica (data-parallel engine) whose step produced the first token."""
-    req = runs["req_index"].to_numpy()
-    first = runs["first_step"].to_numpy()
-    last = first + runs["num_tokens"].to_numpy() - 1
-    num_output = np.bincount(req, weights=runs["num_tokens"].to_numpy(), minlength=n)
+    req = runs.array("req_index")
+    first = runs.array("first_step")
+    last = first + runs.array("num_tokens") - 1
+    num_output = np.bincount(req, weights=runs.array("num_tokens"), minlength=n)
     num_output = num_output.astype(np.int64)
     has = num_output > 0
     first_step = np.full(n, np.iinfo(np.int64).max)
@@ -315,7 +307,7 @@ def _token_columns(steps: pd.DataFrame, runs: pd.DataFrame, n: int) -> dict[str,
     }
 
 
-def _label_columns(log: RunLog, n: int) -> dict[str, pd.Categorical]:
+def _label_columns(log: RunLog, n: int) -> dict[str, Labels]:
     """``tenant`` and ``slo_class`` per request ("" where none), if the log has labels."""
     labels = log.labels_columns()
     idx = np.asarray(labels["req_index"], dtype=np.int64)
@@ -325,7 +317,7 @@ def _label_columns(log: RunLog, n: int) -> dict[str, pd.Categorical]:
     for name in ("tenant", "slo_class"):
         values = np.full(n, "", dtype=object)
         values[idx] = labels[name]
-        out[name] = pd.Categorical(values)
+        out[name] = Labels.sorted_from(values.tolist())
     return out
 
 
@@ -412,13 +404,14 @@ def _first_admission_payload(ev: _Events, n: int) -> np.ndarray:
     return out
 
 
-def _reason_column(ev: _Events, kind: EventKind, n: int) -> pd.Categorical:
-    """The string payload of ``kind`` per request, categorical (NaN where absent)."""
+def _reason_column(ev: _Events, kind: EventKind, n: int) -> Labels:
+    """The string payload of ``kind`` per request as labels (missing where absent), its
+    categories in order of first appearance."""
     idx = np.flatnonzero(ev.kind == int(kind))
-    reasons = np.empty(len(idx), dtype=object)
-    reasons[:] = _payloads(ev, idx)
-    codes, categories = pd.factorize(reasons)  # None -> code -1 (missing)
-    categories = [str(c) for c in categories]
+    reasons = _payloads(ev, idx)
+    distinct = [r for r in dict.fromkeys(reasons) if r is not None]  # first appearance
+    code_of: dict[int | str | None, int] = {r: i for i, r in enumerate(distinct)}
+    code_of[None] = -1
     full = np.full(n, -1, dtype=np.int64)
-    full[ev.req[idx]] = codes
-    return pd.Categorical.from_codes(full, categories=pd.Index(categories, dtype=object))
+    full[ev.req[idx]] = np.fromiter(map(code_of.__getitem__, reasons), np.int64, len(reasons))
+    return Labels(full, tuple(str(r) for r in distinct), "object")

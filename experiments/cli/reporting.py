@@ -66,7 +66,7 @@ def start_report_process() -> ReportProcess | None:
 class FinishedRun:
     """A run handed over to be written: its metadata and event log. ``write_run`` takes the
     log: the report process gets it, or its storage is moved out and freed part by part as
-    the tables are built here (``reports.tables.take_tables``), so a million-request log and
+    the tables are built here (``reports.tables.take_columns``), so a million-request log and
     its tables are never in memory together. The caller must hold no other reference to it
     (it is left empty)."""
 
@@ -106,9 +106,9 @@ def write_run(
     if written is None:
         from reports.metrics import format_summary
         from reports.run_dir import write_run_files
-        from reports.tables import take_tables
+        from reports.tables import take_columns
 
-        tables = take_tables(run.log)
+        tables = take_columns(run.log)
         run.log = None  # emptied: nothing of it is held while the files are rendered
         written = write_run_files(
             out.staging, tables, run.meta, goodput=options.goodput,

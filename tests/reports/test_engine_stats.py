@@ -7,6 +7,7 @@ import pandas as pd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from reports.columns import frame_columns
 from reports.engine_stats import blocker_fractions
 
 NAMES = ["", "budget", "kv_cache", "seats", "policy", "max_loras", "lora"] + [
@@ -35,4 +36,6 @@ def test_blocker_fractions_equal_value_counts_of_the_strings(values: list[str | 
     else:
         column = pd.Series(values, dtype="str")
     # the same keys with the same values, in the same order (ties: first appearance)
-    assert list(blocker_fractions(column).items()) == _by_strings(column)
+    labels = frame_columns(pd.DataFrame({"admission_blocker": column})).labels(
+        "admission_blocker")
+    assert list(blocker_fractions(labels).items()) == _by_strings(column)

@@ -101,21 +101,25 @@ def test_parquet_tables_are_written_in_row_groups(tmp_path, monkeypatch):
     one-piece ``to_parquet`` gives."""
     import pyarrow.parquet as pq
 
+    from reports import parquet
     from reports import run_dir as rd
-    from reports.tables import build_tables
+    from reports.columns import ColumnTable
+    from reports.tables import build_columns
 
-    tables = build_tables(known_log())
-    monkeypatch.setattr(rd, "PARQUET_ROW_GROUP_ROWS", 3)
-    rd.write_tables(tmp_path, tables, "parquet")
+    columns = build_columns(known_log())
+    tables = columns.to_frames()
+    monkeypatch.setattr(parquet, "PARQUET_ROW_GROUP_ROWS", 3)
+    rd.write_tables(tmp_path, columns, "parquet")
     for name in rd.TABLES:
         df = getattr(tables, name)
         assert pq.ParquetFile(tmp_path / f"{name}.parquet").num_row_groups == -(-len(df) // 3)
         df.to_parquet(tmp_path / "whole.parquet", index=False)
         pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / f"{name}.parquet"),
                                       pd.read_parquet(tmp_path / "whole.parquet"))
-    empty = tables.requests.iloc[:0]
-    rd.write_parquet(tmp_path / "empty.parquet", empty)
-    assert list(pd.read_parquet(tmp_path / "empty.parquet").columns) == list(empty.columns)
+    empty = columns.requests.take(np.zeros(0, dtype=np.int64))
+    assert isinstance(empty, ColumnTable) and len(empty) == 0
+    parquet.write_parquet(tmp_path / "empty.parquet", empty)
+    assert list(pd.read_parquet(tmp_path / "empty.parquet").columns) == list(empty)
 
 
 def test_rebuild_keeps_previous_options_unless_given(run_dir, tmp_path):

@@ -177,19 +177,21 @@ def test_a_handed_over_log_builds_the_same_tables_and_is_freed_as_it_goes():
 
 
 def test_taking_the_tables_of_a_finished_log_empties_it():
-    from reports.tables import take_tables
+    from reports.tables import take_columns
 
     log = known_log()
     want = build_tables(log)
-    _assert_same_tables(take_tables(log), want)
+    _assert_same_tables(take_columns(log).to_frames(), want)
     assert log.num_steps == 0 and log.req_ids == []
 
 
 def test_the_blocker_column_is_the_categorical_of_its_strings():
-    from reports.tables import _categorical
+    from reports.columns import ColumnTable, Labels, to_frame
 
     for values in (["", "token_budget", "kv_cache", "", "token_budget"], [], ["max_num_seqs"]):
-        got, want = _categorical(values), pd.Categorical(values)
+        labels = Labels.sorted_from(values)
+        got = to_frame(ColumnTable({"b": labels}))["b"].array
+        want = pd.Categorical(values)
         assert list(got.categories) == list(want.categories)
         assert got.categories.dtype == want.categories.dtype
         assert list(got.codes) == list(want.codes)
