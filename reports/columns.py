@@ -96,6 +96,11 @@ class OptionalInts:
     def __len__(self) -> int:
         return len(self.values)
 
+    def numbers(self) -> np.ndarray:
+        """The values as int64 if none is missing (they can index), else as they are."""
+        values = self.values
+        return values if np.isnan(values).any() else values.astype(np.int64)
+
     def take(self, rows: np.ndarray) -> OptionalInts:
         return OptionalInts(self.values[rows])
 
@@ -135,11 +140,12 @@ class ColumnTable:
 
     def array(self, name: str, dtype: Any = None) -> np.ndarray:
         """A numeric, flag or text column as a numpy array (a view where it can be);
-        ``OptionalInts`` as floats with NaN. A ``Labels`` column is read with ``labels``."""
+        ``OptionalInts`` as int64 where none is missing, else as floats with NaN. A ``Labels``
+        column is read with ``labels``."""
         col = self.columns[name]
         if isinstance(col, Labels):
             raise TypeError(f"column {name!r} holds labels: read it with labels()")
-        values = col.values if isinstance(col, OptionalInts) else col
+        values = col.numbers() if isinstance(col, OptionalInts) else col
         return values if dtype is None else values.astype(dtype, copy=False)
 
     def labels(self, name: str) -> Labels:
@@ -212,7 +218,10 @@ def as_columns(tables: RunTables | RunColumns) -> RunColumns:
 
 
 def frame_columns(df: pd.DataFrame) -> ColumnTable:
-    """A DataFrame's columns as a ``ColumnTable`` (the inverse of ``to_frame``)."""
+    """A DataFrame's columns as a ``ColumnTable``, to compute from (the inverse of
+    ``to_frame`` on the frames it builds). pandas' nullable dtypes (``dtype_backend=
+    "numpy_nullable"``) read as numpy: integers as ``OptionalInts``, floats with NaN, flags
+    with False for missing."""
     import pandas as pd
 
     out: dict[str, Column] = {}
@@ -223,12 +232,18 @@ def frame_columns(df: pd.DataFrame) -> ColumnTable:
             out[str(name)] = Labels(
                 series.cat.codes.to_numpy(), tuple(str(c) for c in cats),
                 "object" if cats.dtype == object else "str")
-        elif isinstance(dtype, pd.Int64Dtype):
-            out[str(name)] = OptionalInts(series.to_numpy(dtype=np.float64, na_value=np.nan))
         elif dtype.kind == "O" or isinstance(dtype, pd.StringDtype):
             out[str(name)] = series.to_numpy(dtype=object)
-        else:
+        elif not isinstance(dtype, pd.api.extensions.ExtensionDtype):
             out[str(name)] = series.to_numpy()
+        elif dtype.kind in "iu":
+            out[str(name)] = OptionalInts(series.to_numpy(np.float64, na_value=np.nan))
+        elif dtype.kind == "f":
+            out[str(name)] = series.to_numpy(np.float64, na_value=np.nan)
+        elif dtype.kind == "b":
+            out[str(name)] = series.to_numpy(bool, na_value=False)
+        else:
+            raise TypeError(f"column {name!r}: no numpy form for dtype {dtype}")
     return ColumnTable(out)
 
 

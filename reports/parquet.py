@@ -1,10 +1,11 @@
-"""A ``ColumnTable`` as a Parquet file that pandas reads back as the table's DataFrame.
+"""Parquet files of a run's tables that pandas reads back as the tables' DataFrames.
 
-The file is what ``pyarrow.Table.from_pandas(to_frame(table), preserve_index=False)`` would
-write, byte for byte (a test holds the two against each other): the same Arrow types and the
-same ``pandas`` schema metadata, with which ``pd.read_parquet`` restores the columns' dtypes
-(``Int64``, categories, ``str``). It is built from the numpy columns directly, so writing a run
-directory does not import pandas.
+``write_parquet`` writes a ``ColumnTable`` as the file ``DataFrame.to_parquet`` would write
+for ``to_frame(table)``, byte for byte (tests hold the two against each other): the same Arrow
+types and the same ``pandas`` schema metadata, with which ``pd.read_parquet`` restores the
+columns' dtypes (``Int64``, categories, ``str``). It is built from the numpy columns directly,
+so writing a run directory does not import pandas. ``write_frame_parquet`` writes a DataFrame
+(a loaded run directory's table, whatever its dtypes) through pyarrow's own pandas conversion.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -20,8 +21,13 @@ import pyarrow.parquet as pq
 
 from reports.columns import Column, ColumnTable, Labels, OptionalInts
 
-#: Rows per Parquet row group: a table is converted to Arrow one slice at a time, so writing a
-#: million-request run never holds a second, Arrow copy of a whole table.
+if TYPE_CHECKING:
+    import pandas as pd
+
+#: Rows per Parquet row group. A column table's numbers are handed to Arrow as they are (no
+#: copy; text, labels and optional integers are converted once, column by column), and a
+#: DataFrame is converted one row group at a time, so writing a million-request run never
+#: holds a second, Arrow copy of a whole table.
 PARQUET_ROW_GROUP_ROWS = 131_072
 
 #: pandas' ``pandas_type`` of the Arrow types the tables hold (pyarrow's logical type names).
@@ -44,6 +50,27 @@ def write_parquet(path: Path, table: ColumnTable) -> None:
         for start in range(0, max(len(table), 1), PARQUET_ROW_GROUP_ROWS):
             part = [a.slice(start, PARQUET_ROW_GROUP_ROWS) for a in arrays]
             writer.write_table(pa.Table.from_arrays(part, schema=schema))
+
+
+def write_frame_parquet(path: Path, df: pd.DataFrame) -> None:
+    """``df`` as Parquet (no index), converted by pyarrow and written in row groups of at
+    most ``PARQUET_ROW_GROUP_ROWS`` rows; reads back equal to ``df.reset_index(drop=True)``.
+
+    Each slice is converted in this thread (``nthreads=1``): for numeric columns and a few
+    categoricals the hand-offs to pyarrow's thread pool cost more CPU than they spread.
+    Dictionary encoding is used for the categorical columns only, as ``write_parquet`` does."""
+    import pandas as pd
+
+    first = pa.Table.from_pandas(df.iloc[:PARQUET_ROW_GROUP_ROWS], preserve_index=False,
+                                 nthreads=1)
+    dictionary = [str(c) for c, t in df.dtypes.items() if isinstance(t, pd.CategoricalDtype)]
+    with pq.ParquetWriter(path, first.schema, use_dictionary=dictionary) as writer:
+        writer.write_table(first)
+        del first
+        for start in range(PARQUET_ROW_GROUP_ROWS, len(df), PARQUET_ROW_GROUP_ROWS):
+            part = df.iloc[start : start + PARQUET_ROW_GROUP_ROWS]
+            writer.write_table(pa.Table.from_pandas(part, schema=writer.schema,
+                                                    preserve_index=False, nthreads=1))
 
 
 def arrow_schema(table: ColumnTable) -> pa.Schema:
@@ -106,18 +133,24 @@ def _validity(missing: np.ndarray | None) -> pa.Buffer | None:
     return pa.py_buffer(np.packbits(~missing, bitorder="little"))
 
 
-def _texts(values: Sequence[str | None], arrow_type: pa.DataType) -> pa.Array:
-    """Strings as an Arrow ``string``/``large_string`` array (None: null), or an empty
-    ``null`` array (the dictionary of a label column with no categories)."""
+def _texts(values: Sequence[str], arrow_type: pa.DataType) -> pa.Array:
+    """Strings as an Arrow ``string``/``large_string`` array, or an empty ``null`` array (the
+    dictionary of a label column with no categories). ASCII text (request ids) is encoded in
+    one piece, its byte lengths being its lengths."""
     if arrow_type == pa.null():
         return pa.Array.from_buffers(pa.null(), 0, [None])
-    encoded = [b"" if v is None else v.encode("utf-8") for v in values]
+    joined = "".join(values)
+    if joined.isascii():
+        data, lengths = joined.encode("ascii"), map(len, values)
+    else:
+        encoded = [v.encode("utf-8") for v in values]
+        data, lengths = b"".join(encoded), map(len, encoded)
+    del joined
     offset_dtype = np.int64 if arrow_type == pa.large_string() else np.int32
-    offsets = np.zeros(len(encoded) + 1, dtype=offset_dtype)
-    np.cumsum(np.fromiter(map(len, encoded), offset_dtype, len(encoded)), out=offsets[1:])
-    missing = np.fromiter((v is None for v in values), bool, len(values))
-    buffers = [_validity(missing), pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))]
-    return pa.Array.from_buffers(arrow_type, len(encoded), buffers)
+    offsets = np.zeros(len(values) + 1, dtype=offset_dtype)
+    np.cumsum(np.fromiter(lengths, offset_dtype, len(values)), out=offsets[1:])
+    buffers = [None, pa.py_buffer(offsets), pa.py_buffer(data)]
+    return pa.Array.from_buffers(arrow_type, len(values), buffers)
 
 
 def _pandas_column(name: str, col: Column, arrow_type: pa.DataType) -> dict[str, Any]:

@@ -37,11 +37,11 @@ from engine.core.errors import UserError
 from engine.core.events import STEP_COLUMNS, EventLog
 from engine.output_dir import OutputDir, read_manifest, verify_files
 from engine.paths import input_dir
-from reports.columns import RunColumns, as_columns
+from reports.columns import RunColumns
 from reports.errors import ReportError
 from reports.meta import RunMeta, meta_dict, read_json, token_budget, write_json
 from reports.metrics import summarize
-from reports.parquet import write_parquet
+from reports.parquet import write_frame_parquet, write_parquet
 from reports.stats import DEFAULT_PERCENTILE_METRICS, DEFAULT_PERCENTILES
 from reports.tables import STAGE_COLUMNS, RunTables, build_columns
 from reports.written import WrittenRun, commit_run
@@ -55,24 +55,25 @@ FileFormat = Literal["parquet", "csv"]
 
 def write_tables(out_dir: str | Path, tables: RunTables | RunColumns, file_format: FileFormat
                  ) -> dict[str, int]:
-    """The three tables into ``out_dir``; {file name: row count}. Parquet is written from the
-    tables' columns (``reports.parquet``: no pandas), CSV from their DataFrames."""
-    d = Path(out_dir)
-    rows = {}
-    if file_format == "parquet":
-        columns = as_columns(tables)
-        for name in TABLES:
-            table = getattr(columns, name)
-            write_parquet(d / f"{name}.parquet", table)
-            rows[f"{name}.parquet"] = len(table)
-    elif file_format == "csv":
-        frames = tables.to_frames() if isinstance(tables, RunColumns) else tables
-        for name in TABLES:
-            df = getattr(frames, name)
-            df.to_csv(d / f"{name}.csv", index=False)
-            rows[f"{name}.csv"] = len(df)
-    else:
+    """The three tables into ``out_dir``; {file name: row count}. Columns are written to
+    Parquet without pandas (``reports.parquet.write_parquet``: the bytes pandas would write),
+    DataFrames through pyarrow's pandas conversion, and both to CSV as DataFrames."""
+    if file_format not in ("parquet", "csv"):
         raise ReportError(f"unknown file format {file_format!r}: use parquet or csv")
+    d = Path(out_dir)
+    columns = tables if isinstance(tables, RunColumns) and file_format == "parquet" else None
+    frames = (None if columns is not None
+              else tables.to_frames() if isinstance(tables, RunColumns) else tables)
+    rows = {}
+    for name in TABLES:
+        path = d / f"{name}.{file_format}"
+        if columns is not None:
+            write_parquet(path, getattr(columns, name))
+        elif file_format == "parquet":
+            write_frame_parquet(path, getattr(frames, name))  # a DataFrame's own dtypes
+        else:
+            getattr(frames, name).to_csv(path, index=False)
+        rows[path.name] = len(getattr(tables, name))
     return rows
 
 

@@ -3,6 +3,7 @@ route, the same summary — and no pandas on the way from a log to a run directo
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -10,13 +11,21 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
+from engine.core.events import EventKind, EventLog
 from reports import parquet
-from reports.columns import ColumnTable, Labels, OptionalInts, as_columns, frame_columns, to_frame
+from reports.columns import (
+    ColumnTable,
+    Labels,
+    OptionalInts,
+    RunTables,
+    as_columns,
+    frame_columns,
+    to_frame,
+)
 from reports.metrics import summarize
+from reports.run_dir import rebuild_report, write_run_dir
 from reports.tables import build_columns, build_tables
 from sim.config import SimConfig
 from sim.runtime import run_simulation
@@ -40,18 +49,6 @@ RUNS: dict[str, dict[str, Any]] = {
                      "slo_class_mix": [["chat", 0.5], ["batch", 0.5]]},
     },
 }
-
-
-def _pandas_route(path: Path, df: pd.DataFrame, rows_per_group: int) -> None:
-    """The writer this module replaced: pyarrow's pandas conversion, slice by slice."""
-    first = pa.Table.from_pandas(df.iloc[:rows_per_group], preserve_index=False)
-    dictionary = [str(c) for c, t in df.dtypes.items() if isinstance(t, pd.CategoricalDtype)]
-    with pq.ParquetWriter(path, first.schema, use_dictionary=dictionary) as writer:
-        writer.write_table(first)
-        for start in range(rows_per_group, len(df), rows_per_group):
-            part = df.iloc[start:start + rows_per_group]
-            writer.write_table(pa.Table.from_pandas(part, schema=writer.schema,
-                                                    preserve_index=False))
 
 
 def _odd_table(num_rows: int) -> ColumnTable:
@@ -91,7 +88,7 @@ def test_parquet_files_are_pandas_own_byte_for_byte(tmp_path, monkeypatch, name:
     for table_name, table in tables:
         ours, theirs = tmp_path / "ours.parquet", tmp_path / "theirs.parquet"
         parquet.write_parquet(ours, table)
-        _pandas_route(theirs, to_frame(table), rows_per_group)
+        parquet.write_frame_parquet(theirs, to_frame(table))  # pyarrow's pandas conversion
         assert ours.read_bytes() == theirs.read_bytes(), table_name
         pd.testing.assert_frame_equal(pd.read_parquet(ours), pd.read_parquet(theirs))
 
@@ -107,6 +104,34 @@ def test_frames_and_columns_convert_both_ways_and_summarise_alike(name: str) -> 
     meta = {"config": {"workload": {"slo_classes": [["chat", 500, 50], ["batch", 10000, 200]]}}}
     for options in ({}, {"goodput": {"ttft": 200.0}, "detailed": True}):
         assert summarize(columns, meta, **options) == summarize(frames, meta, **options)
+
+
+def test_frames_of_nullable_dtypes_summarise_alike(tmp_path) -> None:
+    """Tables read with pandas' nullable dtypes (Int64 indices, Float64, boolean) give the
+    summary the default dtypes give."""
+    frames = _tables("dp 3, rejections").to_frames()
+    nullable = []
+    for name in ("requests", "steps", "token_runs"):
+        parquet.write_frame_parquet(tmp_path / f"{name}.parquet", getattr(frames, name))
+        nullable.append(pd.read_parquet(tmp_path / f"{name}.parquet",
+                                        dtype_backend="numpy_nullable"))
+    assert str(nullable[2]["req_index"].dtype) == "Int64"
+    assert summarize(RunTables(*nullable), {}) == summarize(frames, {})
+
+
+def test_a_run_without_finished_requests_rebuilds_its_detailed_summary(tmp_path) -> None:
+    """Its reasons are all missing (read back from Parquet as objects of None): the rebuilt
+    summary, errors included, is the one written at the end of the run."""
+    log = EventLog()
+    for i, req_id in enumerate(("a", "b")):
+        log.record(req_id, EventKind.ARRIVAL, float(i), 10)
+        log.record(req_id, EventKind.SCHEDULED, i + 0.5, 0)
+    written = write_run_dir(tmp_path, log, {}, plots=False, detailed=True)
+    rebuilt = rebuild_report(tmp_path, plots=False)
+    assert written["errors"] == ["nan", "nan"]
+    same = [json.dumps({**summary, "date": None}, sort_keys=True, default=str)
+            for summary in (rebuilt, written)]  # as JSON: NaN throughputs compare equal
+    assert same[0] == same[1]
 
 
 def test_a_run_of_the_known_log_builds_the_frames_it_always_built() -> None:
@@ -125,6 +150,9 @@ def test_labels_read_text_as_pandas_does() -> None:
     assert labels.counts().tolist() == [1, 1, 2]
     assert labels.first_appearance().tolist() == [2, 0, 1]
     assert labels.code_of("y") == 1 and labels.code_of("w") == -2
+    present = OptionalInts(np.array([1.0, 0.0]))
+    assert present.numbers().dtype == np.int64
+    assert np.isnan(OptionalInts(np.array([1.0, np.nan])).numbers()[1])
     objects = frame_columns(pd.DataFrame({"r": [None, "b", "a", "b"]})).labels("r")
     assert objects.categories == ("b", "a") and objects.codes.tolist() == [-1, 0, 1, 0]
 
