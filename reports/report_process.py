@@ -73,7 +73,8 @@ class ReportProcess:
     @classmethod
     def start(cls) -> ReportProcess | None:
         """Fork the report process, or None where it would not help (see the module)."""
-        if os.environ.get("TWINSERVE_REPORT_PROCESS", "1") == "0" or "pandas" in sys.modules:
+        if os.environ.get("TWINSERVE_REPORT_PROCESS", "1") == "0" or any(
+                name in sys.modules for name in ("pyarrow.parquet", "pandas")):
             return None
         if "fork" not in multiprocessing.get_all_start_methods():
             return None
