@@ -4,8 +4,10 @@ Builds a synthetic but realistic ``EventLog`` with numpy (no per-request Python 
 arrivals at ``--rate`` req/s, an engine step every ~15 ms, prompts of 128–2048 tokens, outputs
 of 16–400 tokens, 5% of requests preempted once (two token runs, a PREEMPTED and a second
 SCHEDULED event), KV usage and queue lengths that follow the number of running requests. Then
-times ``build_tables``, ``summarize``, each plot and ``write_tables`` (parquet), printing wall
-time and the process's peak RSS after each phase.
+times what a run directory costs: ``build_columns``, ``summarize`` and ``write_tables``
+(Parquet) on the columns, as a run writes them, and the DataFrames plots need
+(``RunColumns.to_frames``) and each plot, printing wall time and the process's peak RSS after
+each phase.
 
 Usage: python -m bench.reports [--num-requests 1000000] [--rate 200] [--csv]
 """
@@ -168,27 +170,28 @@ def main(argv: list[str] | None = None) -> int:
     from reports import plots
     from reports.metrics import summarize
     from reports.run_dir import write_tables
-    from reports.tables import build_tables
+    from reports.tables import build_columns
 
     log = _timed("synthetic EventLog", lambda: synthetic_log(args.num_requests, args.rate))
     runs = len(log.token_runs()["req_index"])
     print(f"  {len(log.req_ids):,} requests, {log.num_steps:,} steps, {runs:,} token runs")
-    tables = _timed("build_tables", functools.partial(build_tables, log))
+    columns = _timed("build_columns", functools.partial(build_columns, log))
     del log
     meta = {"kind": "simulated", "config": {"model": "synthetic"}}
     summary = _timed("summarize", lambda: summarize(
-        tables, meta, goodput={"ttft": 500, "tpot": 50}, percentiles=[50, 90, 99],
+        columns, meta, goodput={"ttft": 500, "tpot": 50}, percentiles=[50, 90, 99],
         percentile_metrics=["ttft", "tpot", "itl", "e2el"]))
     print(f"  p99 TTFT {summary['p99_ttft_ms']:.1f} ms, p99 ITL {summary['p99_itl_ms']:.1f} ms, "
           f"diagnosis {summary['diagnosis']['verdict']}")
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
+        _timed("write tables (parquet)", lambda: write_tables(d, columns, "parquet"))
+        tables = _timed("to DataFrames (plots, CSV)", columns.to_frames)
         _timed("plot latency_cdfs", lambda: plots.plot_latency_cdfs(tables, d / "a.png"))
         _timed("plot breakdown", lambda: plots.plot_breakdown(summary["breakdown"], d / "b.png"))
         _timed("plot kv_and_queues", lambda: plots.plot_kv_and_queues(tables, d / "c.png"))
         _timed("plot batch_composition",
                lambda: plots.plot_batch_composition(tables, d / "d.png", 8192))
-        _timed("write tables (parquet)", lambda: write_tables(d, tables, "parquet"))
         if args.csv:
             _timed("write tables (csv)", lambda: write_tables(d, tables, "csv"))
     return 0

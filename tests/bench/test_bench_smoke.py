@@ -83,8 +83,8 @@ def test_scheduler_benchmark_measures_decode_steps(capsys: pytest.CaptureFixture
 def test_reports_benchmark_times_every_phase(capsys: pytest.CaptureFixture[str]) -> None:
     assert reports.main(["--num-requests", "3000", "--rate", "100"]) == 0
     out = capsys.readouterr().out
-    for phase in ("synthetic EventLog", "build_tables", "summarize", "plot latency_cdfs",
-                  "write tables (parquet)"):
+    for phase in ("synthetic EventLog", "build_columns", "summarize", "write tables (parquet)",
+                  "to DataFrames", "plot latency_cdfs"):
         assert phase in out, phase
 
 
