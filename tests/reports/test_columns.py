@@ -101,7 +101,8 @@ def test_frames_and_columns_convert_both_ways_and_summarise_alike(name: str) -> 
     for table in ("requests", "steps", "token_runs"):
         pd.testing.assert_frame_equal(getattr(again, table), getattr(frames, table),
                                       check_exact=True)
-    meta = {"config": {"workload": {"slo_classes": [["chat", 500, 50], ["batch", 10000, 200]]}}}
+    meta = {"date": "20261202-120000",  # fixed: a summary dates itself when its meta has none
+            "config": {"workload": {"slo_classes": [["chat", 500, 50], ["batch", 10000, 200]]}}}
     for options in ({}, {"goodput": {"ttft": 200.0}, "detailed": True}):
         assert summarize(columns, meta, **options) == summarize(frames, meta, **options)
 
@@ -116,7 +117,8 @@ def test_frames_of_nullable_dtypes_summarise_alike(tmp_path) -> None:
         nullable.append(pd.read_parquet(tmp_path / f"{name}.parquet",
                                         dtype_backend="numpy_nullable"))
     assert str(nullable[2]["req_index"].dtype) == "Int64"
-    assert summarize(RunTables(*nullable), {}) == summarize(frames, {})
+    meta = {"date": "20261202-120000"}  # fixed: both summaries must not straddle a second
+    assert summarize(RunTables(*nullable), meta) == summarize(frames, meta)
 
 
 def test_a_run_without_finished_requests_rebuilds_its_detailed_summary(tmp_path) -> None:
