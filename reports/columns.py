@@ -60,6 +60,21 @@ class Labels:
         codes = np.fromiter(map(code_of.__getitem__, values), dtype=np.int32, count=len(values))
         return cls(codes, tuple(categories), categories_dtype if categories else "object")
 
+    @classmethod
+    def in_order_of_appearance(cls, values: Sequence[object]) -> Labels:
+        """Labels of ``values`` (None and NaN missing) with their distinct values in the order
+        they first come, categories of dtype object, as ``pd.factorize`` codes them; coded in
+        C (``dict.fromkeys``, ``map``), not one value at a time."""
+        code_of: dict[object, int] = {}
+        categories: list[str] = []
+        for v in dict.fromkeys(values):
+            missing = v is None or v != v  # NaN is not equal to itself
+            code_of[v] = -1 if missing else len(categories)
+            if not missing:
+                categories.append(str(v))
+        codes = np.fromiter(map(code_of.__getitem__, values), np.int64, len(values))
+        return cls(codes, tuple(categories), "object")
+
     def __len__(self) -> int:
         return len(self.codes)
 
@@ -154,7 +169,7 @@ class ColumnTable:
         if isinstance(col, Labels):
             return col
         if isinstance(col, np.ndarray) and col.dtype == object:
-            return _labels_of_objects(col)
+            return Labels.in_order_of_appearance(col.tolist())
         raise TypeError(f"column {name!r} is not text")
 
     def take(self, rows: np.ndarray) -> ColumnTable:
@@ -246,14 +261,3 @@ def frame_columns(df: pd.DataFrame) -> ColumnTable:
             raise TypeError(f"column {name!r}: no numpy form for dtype {dtype}")
     return ColumnTable(out)
 
-
-def _labels_of_objects(values: np.ndarray) -> Labels:
-    """Labels of an object column (None and NaN missing), categories in order of first
-    appearance (what a Parquet column of text, read back as objects, holds)."""
-    categories: dict[str, int] = {}
-    codes = np.full(len(values), -1, dtype=np.int64)
-    for i, v in enumerate(values.tolist()):
-        if v is None or (isinstance(v, float) and v != v):
-            continue
-        codes[i] = categories.setdefault(str(v), len(categories))
-    return Labels(codes, tuple(categories), "object")

@@ -408,10 +408,7 @@ def _reason_column(ev: _Events, kind: EventKind, n: int) -> Labels:
     """The string payload of ``kind`` per request as labels (missing where absent), its
     categories in order of first appearance."""
     idx = np.flatnonzero(ev.kind == int(kind))
-    reasons = _payloads(ev, idx)
-    distinct = [r for r in dict.fromkeys(reasons) if r is not None]  # first appearance
-    code_of: dict[int | str | None, int] = {r: i for i, r in enumerate(distinct)}
-    code_of[None] = -1
+    reasons = Labels.in_order_of_appearance(_payloads(ev, idx))
     full = np.full(n, -1, dtype=np.int64)
-    full[ev.req[idx]] = np.fromiter(map(code_of.__getitem__, reasons), np.int64, len(reasons))
-    return Labels(full, tuple(str(r) for r in distinct), "object")
+    full[ev.req[idx]] = reasons.codes
+    return Labels(full, reasons.categories, "object")
