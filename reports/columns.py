@@ -49,8 +49,7 @@ class Labels:
                                self.codes.astype(code_dtype(len(self.categories))))
 
     @classmethod
-    def sorted_from(cls, values: Sequence[str], categories_dtype: CategoriesDtype = "str"
-                    ) -> Labels:
+    def sorted_from(cls, values: Sequence[str]) -> Labels:
         """Labels of ``values`` (no missing ones) with their distinct values sorted, as
         ``pd.Categorical(values)`` codes them (no values: no categories, of dtype object, as
         pandas infers it); a few distinct values repeated many times are coded in C, not one
@@ -58,7 +57,7 @@ class Labels:
         categories = sorted(set(values))
         code_of = {v: i for i, v in enumerate(categories)}
         codes = np.fromiter(map(code_of.__getitem__, values), dtype=np.int32, count=len(values))
-        return cls(codes, tuple(categories), categories_dtype if categories else "object")
+        return cls(codes, tuple(categories), "str" if categories else "object")
 
     @classmethod
     def in_order_of_appearance(cls, values: Sequence[object]) -> Labels:
