@@ -231,6 +231,11 @@ def as_columns(tables: RunTables | RunColumns) -> RunColumns:
                         (tables.requests, tables.steps, tables.token_runs)))
 
 
+def as_frames(tables: RunTables | RunColumns) -> RunTables:
+    """``tables`` as DataFrames: as they are, or converted from columns (imports pandas)."""
+    return tables.to_frames() if isinstance(tables, RunColumns) else tables
+
+
 def frame_columns(df: pd.DataFrame) -> ColumnTable:
     """A DataFrame's columns as a ``ColumnTable``, to compute from (the inverse of
     ``to_frame`` on the frames it builds). pandas' nullable dtypes (``dtype_backend=

@@ -37,7 +37,7 @@ from engine.core.errors import UserError
 from engine.core.events import STEP_COLUMNS, EventLog
 from engine.output_dir import OutputDir, read_manifest, verify_files
 from engine.paths import input_dir
-from reports.columns import RunColumns
+from reports.columns import RunColumns, as_frames
 from reports.errors import ReportError
 from reports.meta import RunMeta, meta_dict, read_json, token_budget, write_json
 from reports.metrics import summarize
@@ -61,19 +61,18 @@ def write_tables(out_dir: str | Path, tables: RunTables | RunColumns, file_forma
     if file_format not in ("parquet", "csv"):
         raise ReportError(f"unknown file format {file_format!r}: use parquet or csv")
     d = Path(out_dir)
-    columns = tables if isinstance(tables, RunColumns) and file_format == "parquet" else None
-    frames = (None if columns is not None
-              else tables.to_frames() if isinstance(tables, RunColumns) else tables)
-    rows = {}
+    rows = {f"{name}.{file_format}": len(getattr(tables, name)) for name in TABLES}
+    if isinstance(tables, RunColumns) and file_format == "parquet":
+        for name in TABLES:
+            write_parquet(d / f"{name}.parquet", getattr(tables, name))
+        return rows
+    frames = as_frames(tables)
     for name in TABLES:
-        path = d / f"{name}.{file_format}"
-        if columns is not None:
-            write_parquet(path, getattr(columns, name))
-        elif file_format == "parquet":
-            write_frame_parquet(path, getattr(frames, name))  # a DataFrame's own dtypes
+        df = getattr(frames, name)
+        if file_format == "parquet":
+            write_frame_parquet(d / f"{name}.parquet", df)  # a DataFrame's own dtypes
         else:
-            getattr(frames, name).to_csv(path, index=False)
-        rows[path.name] = len(getattr(tables, name))
+            df.to_csv(d / f"{name}.csv", index=False)
     return rows
 
 
@@ -287,8 +286,7 @@ def write_report_files(
     if plots:
         from reports.plots import plot_run
 
-        frames = tables.to_frames() if isinstance(tables, RunColumns) else tables
-        pngs = plot_run(frames, summary, d / "plots", token_budget(meta))
+        pngs = plot_run(as_frames(tables), summary, d / "plots", token_budget(meta))
     write_report(d, summary, meta, pngs)
     return summary
 
